@@ -1,0 +1,40 @@
+"""The reflector-to-loop wire format. Go: ``watch.Event`` plus ``cache.Store``'s write methods."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ObjectKey = str
+ParentKey = str
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertEvent:
+    """An object was added or changed: ``Store.Add`` / ``Store.Update``."""
+
+    key: ObjectKey
+    obj: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteEvent:
+    """An object is gone; ``last_obj`` is its final state as the source last saw it."""
+
+    key: ObjectKey
+    last_obj: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceEvent:
+    """The whole world as of one consistent listing: ``Store.Replace`` (AtomicFIFO ``ReplacedAll``)."""
+
+    objects: Mapping[ObjectKey, Any]
+
+
+SourceEvent = UpsertEvent | DeleteEvent | ReplaceEvent
+SOURCE_EVENT_TYPES = (UpsertEvent, DeleteEvent, ReplaceEvent)
+
+SourceWatchFn = Callable[[], AsyncIterator[SourceEvent]]
+"""Each call opens a new stream, which must open with a ``ReplaceEvent`` of the whole world."""
