@@ -1,1 +1,1 @@
-"""A level-triggered controller runtime for asyncio, ported from client-go and controller-runtime."""
+"""A level-triggered controller runtime for asyncio, after client-go and controller-runtime."""

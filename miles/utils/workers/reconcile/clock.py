@@ -28,8 +28,8 @@ class FakeClock:
     """Time that moves only when a test calls :meth:`advance`.
 
     ``sleep`` parks on a future until ``advance`` moves time to or past its deadline; ``advance``
-    releases due sleepers one at a time, in deadline order, and lets each run until the event loop is
-    idle before releasing the next, so everything that became due has run when it returns.
+    releases due sleepers one at a time, in deadline order, and lets each run until the event loop
+    is idle before releasing the next, so everything that became due has run when it returns.
     """
 
     def __init__(self, start: float = 0.0) -> None:

@@ -28,7 +28,10 @@ class DeleteEvent:
 
 @dataclass(frozen=True, slots=True)
 class ReplaceEvent:
-    """The whole world as of one consistent listing: ``Store.Replace`` (AtomicFIFO ``ReplacedAll``)."""
+    """The whole world as of one consistent listing: ``Store.Replace`` / ``ReplacedAll``.
+
+    Keys absent from ``objects`` are gone; the store synthesizes their deletions.
+    """
 
     objects: Mapping[ObjectKey, Any]
 

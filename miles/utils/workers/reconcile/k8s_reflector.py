@@ -1,0 +1,199 @@
+"""LIST, then WATCH from the list's cursor, as a stream of source events. Go: ``cache.Reflector``.
+
+Each ``watch()`` call opens a stream that starts with a consistent LIST as one ``ReplaceEvent``,
+then follows a WATCH from that list's ``resourceVersion``. A watch that ends cleanly is reopened
+from the cursor; a cursor the server rejects (410, or 504 for a too-large resourceVersion) costs a
+relist; any other failure retries from the same cursor after ``retry_delay``. Nothing a frame
+contains ends the stream.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from miles.utils.workers.reconcile.clock import Clock, RealClock
+from miles.utils.workers.reconcile.k8s_api import (
+    FrameDecodeError,
+    KubernetesApiError,
+    KubernetesPodApi,
+    PodListPage,
+    PodWatchEvent,
+)
+from miles.utils.workers.reconcile.source_event import (
+    DeleteEvent,
+    ReplaceEvent,
+    SourceEvent,
+    UpsertEvent,
+)
+
+logger = logging.getLogger(__name__)
+
+VERY_SHORT_WATCH_SECONDS = 1.0
+"""Go's ``VeryShortWatchError``: a watch this short that saw no event is a failure, not a close."""
+
+
+class _Next(enum.Enum):
+    REWATCH = "rewatch"
+    RETRY = "retry"
+    RELIST = "relist"
+
+
+@dataclass
+class _Watch:
+    cursor: str
+    started: float
+    events: int = 0
+    next: _Next = _Next.REWATCH
+
+
+class KubernetesReflector:
+    """A ``SourceWatchFn`` over a ``KubernetesPodApi``; object keys are pod names."""
+
+    def __init__(
+        self,
+        *,
+        kube_client: KubernetesPodApi,
+        namespace: str,
+        label_selector: str,
+        watch_timeout_seconds: int = 300,
+        retry_delay: float = 1.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self._api = kube_client
+        self._namespace = namespace
+        self._label_selector = label_selector
+        self._watch_timeout_seconds = watch_timeout_seconds
+        self._retry_delay = retry_delay
+        self._clock: Clock = clock or RealClock()
+
+    async def watch(self) -> AsyncIterator[SourceEvent]:
+        while True:
+            page = await self._list()
+            yield ReplaceEvent({pod.metadata.name: pod for pod in page.pods})
+            cursor = page.resource_version
+            while True:
+                session = _Watch(cursor=cursor, started=self._clock.time())
+                async with aclosing(self._follow(session)) as events:
+                    async for event in events:
+                        yield event
+                cursor = session.cursor
+                if session.next is not _Next.REWATCH:
+                    await self._clock.sleep(self._retry_delay)
+                if session.next is _Next.RELIST:
+                    break
+
+    async def _list(self) -> PodListPage:
+        """A consistent LIST (resourceVersion unset), retried each ``retry_delay`` till it works."""
+        while True:
+            try:
+                return await self._api.list_pods(
+                    namespace=self._namespace, label_selector=self._label_selector
+                )
+            except Exception as err:
+                logger.warning(
+                    "pod LIST failed, retrying in %ss: namespace=%s selector=%r reason=%s",
+                    self._retry_delay,
+                    self._namespace,
+                    self._label_selector,
+                    _reason(err),
+                )
+            await self._clock.sleep(self._retry_delay)
+
+    async def _follow(self, session: _Watch) -> AsyncGenerator[SourceEvent, None]:
+        stream = self._api.stream_pods(
+            namespace=self._namespace,
+            label_selector=self._label_selector,
+            resource_version=session.cursor,
+            timeout_seconds=self._watch_timeout_seconds,
+        )
+        try:
+            async for frame in stream:
+                session.events += 1
+                if frame.type == "ERROR":
+                    self._end_on_error_frame(session, frame)
+                    return
+                session.cursor = frame.resource_version or session.cursor
+                event = _source_event(frame)
+                if event is not None:
+                    yield event
+        except FrameDecodeError as err:
+            self._skip_or_relist(session, err)
+        except Exception as err:
+            self._end_on_failure(session, err)
+        else:
+            self._end_on_close(session)
+        finally:
+            await _close(stream)
+
+    def _end_on_close(self, session: _Watch) -> None:
+        lasted = self._clock.time() - session.started
+        if session.events == 0 and lasted < VERY_SHORT_WATCH_SECONDS:
+            logger.warning(
+                "very short pod watch: closed after %.3fs with no event, resourceVersion=%s",
+                lasted,
+                session.cursor,
+            )
+            session.next = _Next.RETRY
+
+    def _end_on_error_frame(self, session: _Watch, frame: PodWatchEvent) -> None:
+        session.next = _Next.RELIST if frame.rejects_cursor else _Next.RETRY
+        logger.warning(
+            "pod watch ERROR frame after resourceVersion=%s, %s: %s",
+            session.cursor,
+            "relisting" if frame.rejects_cursor else "retrying from the cursor",
+            frame.reason,
+        )
+
+    def _end_on_failure(self, session: _Watch, err: Exception) -> None:
+        rejected = isinstance(err, KubernetesApiError) and err.rejects_cursor
+        session.next = _Next.RELIST if rejected else _Next.RETRY
+        logger.warning(
+            "pod watch from resourceVersion=%s failed, %s: %s",
+            session.cursor,
+            "relisting" if rejected else "retrying from the cursor",
+            _reason(err),
+        )
+
+    def _skip_or_relist(self, session: _Watch, err: FrameDecodeError) -> None:
+        cursor = session.cursor
+        if err.resource_version is None:
+            session.next = _Next.RELIST
+            action = "unreadable, relisting"
+        elif err.event_type == "DELETED":
+            session.next = _Next.RELIST
+            action = "a deletion, relisting so the pod cannot linger"
+        else:
+            session.cursor = err.resource_version
+            action = "skipped, the store keeps its last valid copy"
+        logger.error(
+            "pod watch frame rejected after resourceVersion=%s (%s): pod=%s resourceVersion=%s "
+            "reason=%s",
+            cursor,
+            action,
+            err.name,
+            err.resource_version,
+            err.reason,
+        )
+
+
+def _source_event(frame: PodWatchEvent) -> SourceEvent | None:
+    if frame.pod is None:
+        return None
+    name = frame.pod.metadata.name
+    if frame.type == "DELETED":
+        return DeleteEvent(name, frame.pod)
+    return UpsertEvent(name, frame.pod)
+
+
+def _reason(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+
+
+async def _close(stream: AsyncIterator[PodWatchEvent]) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()

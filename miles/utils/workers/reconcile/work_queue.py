@@ -1,0 +1,60 @@
+"""Insertion-ordered dedup queue with a wakeup. Go: ``k8s.io/client-go/util/workqueue`` ``Type``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    """Keys waiting for the worker, each at most once, in the order they were first added.
+
+    A key added while queued keeps its place. ``get`` waits for a key and returns ``None`` once
+    the queue is shut down, even if keys are left. Every operation is O(1): a deque holds the
+    order and a set the membership, since taking the first key of a plain dict scans past every
+    slot deleted before it.
+    """
+
+    def __init__(self) -> None:
+        self._order: deque[K] = deque()
+        self._queued: set[K] = set()
+        self._waiter: asyncio.Future[None] | None = None
+        self._shut_down = False
+
+    def add(self, key: K) -> None:
+        if self._shut_down or key in self._queued:
+            return
+        self._queued.add(key)
+        self._order.append(key)
+        if self._waiter is not None:
+            self._wake()
+
+    async def get(self) -> K | None:
+        while not self._shut_down:
+            if self._order:
+                key = self._order.popleft()
+                self._queued.discard(key)
+                return key
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return None
+
+    def shutdown(self) -> None:
+        self._shut_down = True
+        if self._waiter is not None:
+            self._wake()
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -1,0 +1,284 @@
+"""Kubernetes adapter doubles: a realistic pod, wire frames, a scripted ``KubernetesPodApi``.
+
+``realistic_pod`` is the ~3.5 KB pod the decode benchmarks measure (``bench/decode.py``); it carries
+what a controller-created pod carries on a real cluster: labels, annotations, an owner reference,
+``managedFields``, one container with env and resources, and a full status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from miles.utils.workers.reconcile.k8s_api import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_types import Pod
+
+PARENT_LABEL = "miles.io/cell"
+
+
+def realistic_pod(
+    name: str,
+    parent: str = "cell-0",
+    *,
+    namespace: str = "default",
+    resource_version: str = "1000",
+    phase: str = "Running",
+    restart_count: int = 0,
+    padding: int = 0,
+) -> dict[str, Any]:
+    """A camelCase pod as the apiserver serves it; ``padding`` bytes go into one annotation."""
+    started = "2026-11-30T04:00:05Z"
+    created = "2026-11-30T04:00:00Z"
+    annotations = {
+        "miles.io/config-hash": "9f3c2a4e51b7d08c6a1e2f3b4c5d6e7f",
+        "kubectl.kubernetes.io/default-container": "engine",
+    }
+    if padding:
+        annotations["miles.io/padding"] = "x" * padding
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "generateName": f"{parent}-",
+            "namespace": namespace,
+            "uid": f"6b1c4a52-{zlib.crc32(name.encode()) % 10**4:04d}-4f1e-9a7b-1c2d3e4f5a6b",
+            "resourceVersion": resource_version,
+            "creationTimestamp": created,
+            "labels": {
+                PARENT_LABEL: parent,
+                "app.kubernetes.io/name": "sglang-engine",
+                "app.kubernetes.io/managed-by": "miles",
+                "pod-template-hash": "7d9f8c6b5",
+            },
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "name": f"{parent}-7d9f8c6b5",
+                    "uid": "0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "managedFields": [
+                {
+                    "manager": "kube-controller-manager",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": created,
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {
+                        "f:metadata": {
+                            "f:generateName": {},
+                            "f:labels": {".": {}, f"f:{PARENT_LABEL}": {}},
+                            "f:ownerReferences": {".": {}, 'k:{"uid":"0a1b2c3d"}': {}},
+                        },
+                        "f:spec": {
+                            "f:containers": {'k:{"name":"engine"}': {".": {}, "f:env": {}}},
+                            "f:restartPolicy": {},
+                            "f:schedulerName": {},
+                        },
+                    },
+                },
+                {
+                    "manager": "kubelet",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": started,
+                    "fieldsType": "FieldsV1",
+                    "subresource": "status",
+                    "fieldsV1": {
+                        "f:status": {
+                            "f:conditions": {'k:{"type":"Ready"}': {".": {}, "f:status": {}}},
+                            "f:containerStatuses": {},
+                            "f:podIP": {},
+                            "f:startTime": {},
+                        }
+                    },
+                },
+            ],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "engine",
+                    "image": "registry.example.com/miles/sglang:0.4.9-cu124",
+                    "args": ["--model-path", "/models/qwen", "--port", "30000", "--tp", "8"],
+                    "ports": [{"name": "http", "containerPort": 30000, "protocol": "TCP"}],
+                    "env": [
+                        {"name": "MILES_CELL", "value": parent},
+                        {"name": "NCCL_DEBUG", "value": "WARN"},
+                        {
+                            "name": "POD_IP",
+                            "valueFrom": {
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}
+                            },
+                        },
+                    ],
+                    "resources": {
+                        "limits": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "8"},
+                        "requests": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "8"},
+                    },
+                    "volumeMounts": [
+                        {"name": "models", "mountPath": "/models", "readOnly": True},
+                        {
+                            "name": "kube-api-access-x7k2p",
+                            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                            "readOnly": True,
+                        },
+                    ],
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                }
+            ],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "nodeName": "gpu-node-17",
+            "schedulerName": "default-scheduler",
+            "priority": 0,
+            "enableServiceLinks": True,
+        },
+        "status": {
+            "phase": phase,
+            "conditions": [
+                {"type": t, "status": "True", "lastProbeTime": None, "lastTransitionTime": started}
+                for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
+            ]
+            + [
+                {
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "lastProbeTime": None,
+                    "lastTransitionTime": created,
+                }
+            ],
+            "hostIP": "10.0.3.17",
+            "hostIPs": [{"ip": "10.0.3.17"}],
+            "podIP": "10.244.17.42",
+            "podIPs": [{"ip": "10.244.17.42"}],
+            "startTime": created,
+            "containerStatuses": [
+                {
+                    "name": "engine",
+                    "state": {"running": {"startedAt": started}},
+                    "lastState": {},
+                    "ready": phase == "Running",
+                    "restartCount": restart_count,
+                    "image": "registry.example.com/miles/sglang:0.4.9-cu124",
+                    "imageID": "registry.example.com/miles/sglang@sha256:" + "ab" * 32,
+                    "containerID": "containerd://" + "cd" * 32,
+                    "started": True,
+                }
+            ],
+            "qosClass": "Guaranteed",
+        },
+    }
+
+
+def pod_bytes(pod: dict[str, Any]) -> bytes:
+    return json.dumps(pod, separators=(",", ":")).encode()
+
+
+def frame(event_type: str, obj: Any) -> bytes:
+    """One watch line, newline included, as the apiserver writes it."""
+    return pod_bytes({"type": event_type, "object": obj}) + b"\n"
+
+
+def bookmark(resource_version: str) -> bytes:
+    return frame("BOOKMARK", {"kind": "Pod", "metadata": {"resourceVersion": resource_version}})
+
+
+def status(code: int, reason: str, message: str = "") -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message or reason,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def list_body(pods: Iterable[dict[str, Any]], resource_version: str) -> bytes:
+    return pod_bytes(
+        {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": resource_version},
+            "items": list(pods),
+        }
+    )
+
+
+def pod(name: str, parent: str = "cell-0", resource_version: str = "1000", **kw: Any) -> Pod:
+    return Pod.model_validate(realistic_pod(name, parent, resource_version=resource_version, **kw))
+
+
+@dataclass
+class WatchCall:
+    namespace: str
+    label_selector: str
+    resource_version: str
+    timeout_seconds: int
+
+
+Step = PodWatchEvent | BaseException | Callable[[], Any]
+"""One scripted watch step: yield an event, raise an exception, or await a callable's result."""
+
+
+@dataclass
+class FakePodApi:
+    """A scripted ``KubernetesPodApi``: each LIST pops ``lists``, each WATCH pops ``watches``.
+
+    A list entry is a ``PodListPage`` or an exception to raise. A watch entry is a list of steps
+    (ending the list closes the stream cleanly) or an exception raised when the watch opens. When a
+    queue runs dry the call parks forever, so a test sees exactly the calls it scripted.
+    """
+
+    lists: list[PodListPage | BaseException] = field(default_factory=list)
+    watches: list[list[Step] | BaseException] = field(default_factory=list)
+    list_calls: list[tuple[str, str]] = field(default_factory=list)
+    watch_calls: list[WatchCall] = field(default_factory=list)
+
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        self.list_calls.append((namespace, label_selector))
+        if not self.lists:
+            await asyncio.Event().wait()
+        entry = self.lists.pop(0)
+        if isinstance(entry, BaseException):
+            raise entry
+        return entry
+
+    async def stream_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[PodWatchEvent]:
+        self.watch_calls.append(
+            WatchCall(namespace, label_selector, resource_version, timeout_seconds)
+        )
+        if not self.watches:
+            await asyncio.Event().wait()
+        entry = self.watches.pop(0)
+        if isinstance(entry, BaseException):
+            raise entry
+        for step in entry:
+            if isinstance(step, BaseException):
+                raise step
+            if isinstance(step, PodWatchEvent):
+                yield step
+            else:
+                await step()

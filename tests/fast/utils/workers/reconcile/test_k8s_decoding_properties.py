@@ -1,0 +1,182 @@
+"""Fast layer, properties: no bytes make the decoders raise anything but ``FrameDecodeError``,
+and no frame ends the reflector's stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from miles.utils.workers.reconcile.clock import FakeClock
+from miles.utils.workers.reconcile.k8s_api import (
+    FrameDecodeError,
+    PodListPage,
+    PodWatchEvent,
+    decode_pod_list,
+    decode_watch_line,
+    iter_lines,
+)
+from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.source_event import (
+    DeleteEvent,
+    ReplaceEvent,
+    SourceEvent,
+    UpsertEvent,
+)
+from tests.fast.utils.workers.reconcile.k8s_fakes import frame, realistic_pod, status
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@st.composite
+def mutated_pods(draw: st.DrawFn) -> Any:
+    """A realistic pod with one field replaced by arbitrary JSON, or deleted."""
+    pod = realistic_pod(draw(st.text(max_size=5)) or "p", resource_version="7")
+    section = draw(st.sampled_from(["metadata", "spec", "status"]))
+    keys = sorted(pod[section])
+    key = draw(st.sampled_from(keys))
+    if draw(st.booleans()):
+        del pod[section][key]
+    else:
+        pod[section][key] = draw(json_values)
+    return pod
+
+
+watch_objects = st.one_of(
+    json_values,
+    mutated_pods(),
+    st.builds(realistic_pod, st.text(min_size=1, max_size=5)),
+    st.builds(status, st.integers(), st.text(max_size=8)),
+)
+watch_types = st.one_of(
+    st.sampled_from(["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR", "added", ""]),
+    json_values,
+)
+structured_lines = st.builds(
+    lambda t, o: json.dumps({"type": t, "object": o}).encode(), watch_types, watch_objects
+)
+any_lines = st.one_of(st.binary(max_size=200), structured_lines, st.builds(json.dumps, json_values))
+
+
+def _decode_or_documented_error(line: bytes) -> PodWatchEvent | FrameDecodeError:
+    try:
+        return decode_watch_line(line)
+    except FrameDecodeError as err:
+        return err
+
+
+@given(any_lines)
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_watch_line_decoder_raises_only_frame_decode_error(line: bytes) -> None:
+    result = _decode_or_documented_error(line)
+    if isinstance(result, PodWatchEvent):
+        assert result.type in {"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"}
+        assert (result.pod is not None) == (result.type in {"ADDED", "MODIFIED", "DELETED"})
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        st.builds(
+            lambda items, rv: json.dumps(
+                {"metadata": {"resourceVersion": rv}, "items": items}
+            ).encode(),
+            st.lists(st.one_of(json_values, mutated_pods()), max_size=3),
+            json_values,
+        ),
+    )
+)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_list_decoder_raises_only_frame_decode_error(body: bytes) -> None:
+    try:
+        page, rejects = decode_pod_list(body)
+    except FrameDecodeError:
+        return
+    assert all(isinstance(r, FrameDecodeError) for r in rejects)
+    assert isinstance(page.resource_version, str)
+
+
+@given(st.lists(st.binary(max_size=60), max_size=6), st.data())
+@settings(deadline=None)
+def test_line_splitting_ignores_chunk_boundaries(lines: list[bytes], data: st.DataObject) -> None:
+    payload = b"".join(line.replace(b"\n", b"") + b"\n" for line in lines)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(payload)), max_size=5)))
+    bounds = zip([0, *cuts], [*cuts, len(payload)], strict=True)
+    chunks = [payload[a:b] for a, b in bounds if b > a]
+
+    class Content:
+        async def readany(self) -> bytes:
+            return chunks.pop(0) if chunks else b""
+
+    async def split() -> list[bytes]:
+        return [line async for line in iter_lines(Content())]
+
+    expected = [line.replace(b"\n", b"") for line in lines]
+    assert asyncio.run(split()) == [line for line in expected if line.strip()]
+
+
+class DecodingFakeApi:
+    """Serves each scripted watch's raw lines through the real decoder, as the real API does."""
+
+    def __init__(self, watches: list[list[bytes]]) -> None:
+        self.watches = watches
+        self.opened = 0
+        self.drained = asyncio.Event()
+
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        return PodListPage((), "1")
+
+    async def stream_pods(
+        self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[PodWatchEvent]:
+        if not self.watches:
+            self.drained.set()
+            await asyncio.Event().wait()
+        self.opened += 1
+        for line in self.watches.pop(0):
+            yield decode_watch_line(line)
+
+
+@given(st.lists(st.lists(any_lines, min_size=1, max_size=4), min_size=1, max_size=4))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_reflector_never_ends_its_stream_because_of_a_frame(watches: list[list[bytes]]) -> None:
+    watches = [
+        [*lines, frame("ADDED", realistic_pod("sentinel", resource_version="9"))]
+        for lines in watches
+    ]
+    asyncio.run(_drive(watches))
+
+
+async def _drive(watches: list[list[bytes]]) -> None:
+    api = DecodingFakeApi([list(w) for w in watches])
+    clock = FakeClock()
+    reflector = KubernetesReflector(
+        kube_client=api, namespace="ns", label_selector="", retry_delay=1.0, clock=clock
+    )
+    events: list[SourceEvent] = []
+
+    async def pump() -> None:
+        async for event in reflector.watch():
+            events.append(event)
+
+    task = asyncio.create_task(pump())
+    for _ in range(4 * len(watches) + 4):
+        await clock.advance(1.0)
+        if api.drained.is_set():
+            break
+    assert api.drained.is_set(), "every scripted watch was opened"
+    assert not task.done(), "watch() ended because of a frame"
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert isinstance(events[0], ReplaceEvent)
+    assert all(isinstance(e, ReplaceEvent | UpsertEvent | DeleteEvent) for e in events)
