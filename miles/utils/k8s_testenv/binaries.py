@@ -1,0 +1,231 @@
+"""Builds the pinned Go binaries into a cache folder (Go: envtest's setup-envtest asset store).
+
+Each binary has its own wrapper module under `tools/k8s/<module>/` whose go.mod and go.sum pin it.
+A binary is rebuilt only when its stamp (a hash of the module's files, the build flags and the Go
+version) differs from the one recorded beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles.utils.k8s_testenv.errors import BuildError, PrerequisiteError
+from miles.utils.k8s_testenv.settings import EnvSettings
+
+LogFn = Callable[[str], None]
+
+_LOG_TAIL_LINES = 40
+_BUILD_FLAGS = ("-trimpath", "-buildvcs=false")
+
+
+@dataclass(frozen=True)
+class BinarySpec:
+    """One binary: its wrapper module folder, the package to build, and the module that pins it."""
+
+    name: str
+    module_dir: str
+    package: str
+    pinned_module: str
+    version_ldflags: tuple[str, ...] = ()
+
+
+_KUBE_VERSION_PACKAGES = ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version")
+
+SPECS: tuple[BinarySpec, ...] = (
+    BinarySpec(
+        name="etcd",
+        module_dir="etcd",
+        package="go.etcd.io/etcd/server/v3",
+        pinned_module="go.etcd.io/etcd/server/v3",
+    ),
+    BinarySpec(
+        name="kube-apiserver",
+        module_dir="apiserver",
+        package="k8s.io/kubernetes/cmd/kube-apiserver",
+        pinned_module="k8s.io/kubernetes",
+        version_ldflags=_KUBE_VERSION_PACKAGES,
+    ),
+    BinarySpec(
+        name="kwok",
+        module_dir="kwok",
+        package="sigs.k8s.io/kwok/cmd/kwok",
+        pinned_module="sigs.k8s.io/kwok",
+    ),
+    BinarySpec(
+        name="oracle",
+        module_dir="oracle",
+        package=".",
+        pinned_module="k8s.io/client-go",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class BinaryPaths:
+    etcd: Path
+    kube_apiserver: Path
+    kwok: Path
+    oracle: Path
+
+
+def _print_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def repo_root() -> Path:
+    """The checkout holding `tools/k8s` (the package is installed editable from it)."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "tools" / "k8s").is_dir():
+            return parent
+    raise PrerequisiteError(
+        f"tools/k8s not found above {Path(__file__).resolve()}: "
+        "the Go modules live in the source checkout; install the package editable (pip install -e)"
+    )
+
+
+def tools_dir() -> Path:
+    return repo_root() / "tools" / "k8s"
+
+
+def bin_dir(settings: EnvSettings | None = None) -> Path:
+    settings = settings or EnvSettings.from_env()
+    return settings.bin_dir or repo_root() / ".cache" / "k8s-bin"
+
+
+def pinned_version(go_mod: str, module: str) -> str:
+    """The version `go.mod` requires of `module`."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod, re.MULTILINE)
+    if match is None:
+        raise PrerequisiteError(f"go.mod does not require {module}")
+    return match.group(1)
+
+
+def ldflags(spec: BinarySpec, version: str) -> str:
+    flags = ["-s", "-w"]
+    major, minor = version.removeprefix("v").split(".")[:2]
+    for package in spec.version_ldflags:
+        flags += [
+            f"-X {package}.gitVersion={version}",
+            f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}",
+            f"-X {package}.gitTreeState=clean",
+        ]
+    return " ".join(flags)
+
+
+def go_executable() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise PrerequisiteError(
+            "Go toolchain not found on PATH: it builds etcd, kube-apiserver, kwok and the oracle "
+            "from tools/k8s (install Go >= 1.26 or set MILES_K8S_KUBECONFIG to reuse a cluster)"
+        )
+    return go
+
+
+def _go_version(go: str) -> str:
+    return subprocess.run(
+        [go, "env", "GOVERSION"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _module_files(module: Path) -> list[Path]:
+    return sorted(
+        p for p in module.iterdir() if p.suffix == ".go" or p.name in {"go.mod", "go.sum"}
+    )
+
+
+def build_stamp(spec: BinarySpec, module: Path, flags: str, go_version: str) -> str:
+    digest = hashlib.sha256()
+    for part in (spec.package, *_BUILD_FLAGS, flags, go_version):
+        digest.update(part.encode() + b"\0")
+    for path in _module_files(module):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _build_one(spec: BinarySpec, *, go: str, go_version: str, out_dir: Path, log: LogFn) -> Path:
+    module = tools_dir() / spec.module_dir
+    version = pinned_version((module / "go.mod").read_text(), spec.pinned_module)
+    flags = ldflags(spec, version)
+    stamp = build_stamp(spec, module, flags, go_version)
+    target = out_dir / spec.name
+    stamp_file = out_dir / f"{spec.name}.stamp"
+    if target.is_file() and stamp_file.is_file() and stamp_file.read_text().strip() == stamp:
+        return target
+    partial = out_dir / f".{spec.name}.{os.getpid()}.partial"
+    argv = [go, "build", *_BUILD_FLAGS, "-ldflags", flags, "-o", str(partial), spec.package]
+    log(f"k8s_testenv: building {spec.name} ({spec.pinned_module} {version}) ...")
+    started = time.monotonic()
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    result = subprocess.run(
+        argv, cwd=module, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        tail = "\n".join(result.stdout.splitlines()[-_LOG_TAIL_LINES:])
+        raise BuildError(binary=spec.name, argv=argv, log_tail=tail)
+    partial.replace(target)
+    stamp_file.write_text(stamp + "\n")
+    size_mb = target.stat().st_size / 1e6
+    log(f"k8s_testenv: built {spec.name} in {time.monotonic() - started:.1f}s ({size_mb:.1f} MB)")
+    return target
+
+
+@contextlib.contextmanager
+def _build_lock(out_dir: Path, log: LogFn) -> Iterator[None]:
+    """One builder per cache folder at a time; the others wait, then find the binaries built."""
+    with (out_dir / ".build.lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"k8s_testenv: waiting for another build in {out_dir} ...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def ensure_binaries(
+    *,
+    names: Iterable[str] | None = None,
+    settings: EnvSettings | None = None,
+    log: LogFn = _print_stderr,
+) -> BinaryPaths:
+    """Builds every pinned binary that is missing or stale; returns the paths of all four.
+
+    `names` limits the build to those binaries (the others' paths are returned as they are).
+    """
+    wanted = set(names) if names is not None else {spec.name for spec in SPECS}
+    unknown = wanted - {spec.name for spec in SPECS}
+    if unknown:
+        raise ValueError(f"unknown binaries: {sorted(unknown)}")
+    out_dir = bin_dir(settings)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    go = go_executable()
+    go_version = _go_version(go)
+    paths = {spec.name: out_dir / spec.name for spec in SPECS}
+    with _build_lock(out_dir, log):
+        for spec in SPECS:
+            if spec.name in wanted:
+                paths[spec.name] = _build_one(
+                    spec, go=go, go_version=go_version, out_dir=out_dir, log=log
+                )
+    return BinaryPaths(
+        etcd=paths["etcd"],
+        kube_apiserver=paths["kube-apiserver"],
+        kwok=paths["kwok"],
+        oracle=paths["oracle"],
+    )

@@ -1,0 +1,88 @@
+"""Certificates and credentials for loopback apiservers (Go: envtest's `internal/testing/certs`).
+
+Uses the `openssl` command line: a throwaway CA, a serving certificate for 127.0.0.1/localhost
+signed by it, a service-account signing key, and a static token file with one admin token.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles.utils.k8s_testenv.errors import PrerequisiteError
+
+ADMIN_USER = "admin"
+ADMIN_GROUP = "system:masters"
+
+_EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+_SERVING_EXTENSIONS = """\
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+authorityKeyIdentifier = keyid
+subjectKeyIdentifier = hash
+"""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    service_account_key: Path
+    token_file: Path
+    admin_token: str
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise PrerequisiteError(
+            "openssl not found on PATH: it generates the apiserver certificates"
+        )
+    result = subprocess.run(
+        [openssl, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if result.returncode != 0:
+        raise PrerequisiteError(f"openssl {' '.join(args)} failed:\n{result.stdout}")
+
+
+def generate_credentials(directory: Path) -> Credentials:
+    """Writes the CA, serving certificate, service-account key and token file into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    days = "3650"
+    _openssl(
+        "req", "-x509", *_EC_KEY, "-days", days, "-subj", "/CN=miles-k8s-testenv-ca",
+        "-keyout", "ca.key", "-out", "ca.crt", cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "req", "-new", *_EC_KEY, "-subj", "/CN=kube-apiserver",
+        "-keyout", "serving.key", "-out", "serving.csr", cwd=directory,
+    )  # fmt: skip
+    (directory / "serving.ext").write_text(_SERVING_EXTENSIONS)
+    _openssl(
+        "x509", "-req", "-in", "serving.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", days, "-extfile", "serving.ext", "-out", "serving.crt",
+        cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
+        "-out", "service-account.key", cwd=directory,
+    )  # fmt: skip
+    token = secrets.token_hex(24)
+    token_file = directory / "token.csv"
+    token_file.write_text(f'{token},{ADMIN_USER},{ADMIN_USER}-uid,"{ADMIN_GROUP}"\n')
+    for secret in ("ca.key", "serving.key", "service-account.key", "token.csv"):
+        (directory / secret).chmod(0o600)
+    return Credentials(
+        ca_cert=directory / "ca.crt",
+        serving_cert=directory / "serving.crt",
+        serving_key=directory / "serving.key",
+        service_account_key=directory / "service-account.key",
+        token_file=token_file,
+        admin_token=token,
+    )

@@ -1,0 +1,31 @@
+"""Writes a kubeconfig for one apiserver (Go: envtest's `KubeConfigFromREST`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+
+def write_kubeconfig(path: Path, *, name: str, server: str, ca_cert: Path, token: str) -> Path:
+    """A self-contained kubeconfig (JSON is valid YAML) with TLS verification against `ca_cert`."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": name,
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_cert.read_bytes()).decode(),
+                },
+            }
+        ],
+        "users": [{"name": f"{name}-admin", "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
+        "current-context": name,
+        "preferences": {},
+    }
+    path.write_text(json.dumps(config, indent=2) + "\n")
+    path.chmod(0o600)
+    return path

@@ -1,0 +1,117 @@
+"""State files of running control planes, so `down` can stop kept or orphaned ones.
+
+Every local control plane records itself in `.cache/k8s-env/<folder>.json` while it runs, with the
+pid of the Python process that owns it, or no owner once it was left running on purpose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles.utils.k8s_testenv.binaries import repo_root
+from miles.utils.k8s_testenv.process import stop_process_group
+
+
+@dataclass(frozen=True)
+class RunningPlane:
+    state_file: Path
+    work_dir: Path
+    pids: dict[str, int]
+    kubeconfigs: dict[str, str]
+    owner_pid: int | None
+
+    @property
+    def abandoned(self) -> bool:
+        """Left running on purpose, or its owner is gone (the orphans of a killed test run)."""
+        return self.owner_pid is None or not _alive(self.owner_pid)
+
+
+def state_dir() -> Path:
+    return repo_root() / ".cache" / "k8s-env"
+
+
+def state_file(work_dir: Path) -> Path:
+    return state_dir() / f"{work_dir.name}.json"
+
+
+def write_state(
+    *, work_dir: Path, pids: dict[str, int], kubeconfigs: dict[str, str], owner_pid: int | None
+) -> Path:
+    """Records one running control plane; its file is named after its temporary folder."""
+    path = state_file(work_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "work_dir": str(work_dir),
+        "owner_pid": owner_pid,
+        "pids": pids,
+        "kubeconfigs": kubeconfigs,
+    }
+    path.write_text(json.dumps(state, indent=2) + "\n")
+    return path
+
+
+def running_planes() -> list[RunningPlane]:
+    directory = state_dir()
+    if not directory.is_dir():
+        return []
+    planes = []
+    for path in sorted(directory.glob("*.json")):
+        state = json.loads(path.read_text())
+        owner = state.get("owner_pid")
+        planes.append(
+            RunningPlane(
+                state_file=path,
+                work_dir=Path(state["work_dir"]),
+                pids={name: int(pid) for name, pid in state["pids"].items()},
+                kubeconfigs=dict(state["kubeconfigs"]),
+                owner_pid=int(owner) if owner is not None else None,
+            )
+        )
+    return planes
+
+
+def stop_plane(plane: RunningPlane) -> None:
+    """Stops the recorded process groups (latest started first) and any other process whose
+    command line names the plane's folder, then removes the folder and the state file."""
+    for pid in reversed(list(plane.pids.values())):
+        if _runs_in(pid, plane.work_dir):
+            stop_process_group(pid)
+    for pid in _pids_running_in(plane.work_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(plane.work_dir, ignore_errors=True)
+    plane.state_file.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _runs_in(pid: int, work_dir: Path) -> bool:
+    """Whether `pid` still is one of ours: its command line names the plane's folder."""
+    return str(work_dir).encode() in _cmdline(pid)
+
+
+def _pids_running_in(work_dir: Path) -> list[int]:
+    own = os.getpid()
+    pids = (int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit())
+    return [pid for pid in pids if pid != own and _runs_in(pid, work_dir)]

@@ -1,0 +1,131 @@
+// Command oracle runs client-go's Reflector and Store for pods and prints the store on request.
+//
+// For every line read on stdin it writes one JSON line to stdout:
+//
+//	{"resourceVersion": "<LastSyncResourceVersion>", "lists": N, "pods": [{"name", "uid", "resourceVersion", "labels"}, ...]}
+//
+// with pods sorted by name and N the number of LIST requests made so far (a paginated LIST counts
+// once). It exits when stdin closes. The WatchListClient feature is off unless --watch-list is set,
+// so by default the Reflector does LIST then WATCH.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+type podView struct {
+	Name            string            `json:"name"`
+	UID             string            `json:"uid"`
+	ResourceVersion string            `json:"resourceVersion"`
+	Labels          map[string]string `json:"labels"`
+}
+
+type snapshot struct {
+	ResourceVersion string    `json:"resourceVersion"`
+	Lists           int64     `json:"lists"`
+	Pods            []podView `json:"pods"`
+}
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "path to the kubeconfig")
+	namespace := flag.String("namespace", "", "namespace to watch (empty: all namespaces)")
+	selector := flag.String("selector", "", "label selector")
+	watchList := flag.Bool("watch-list", false, "use the streaming WatchList client instead of LIST+WATCH")
+	flag.Parse()
+
+	// client-go reads KUBE_FEATURE_* lazily, on the first feature-gate lookup.
+	if err := os.Setenv("KUBE_FEATURE_WatchListClient", strconv.FormatBool(*watchList)); err != nil {
+		fail(err)
+	}
+	if err := run(*kubeconfig, *namespace, *selector); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "oracle:", err)
+	os.Exit(1)
+}
+
+func run(kubeconfig, namespace, selector string) error {
+	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	clientset, err := kubernetes.NewForConfig(config)
+	if err != nil {
+		return err
+	}
+	var lists atomic.Int64
+	lw := countingListWatch(clientset, namespace, selector, &lists)
+	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	reflector := cache.NewReflectorWithOptions(lw, &corev1.Pod{}, store, cache.ReflectorOptions{Name: "oracle"})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go reflector.RunWithContext(ctx)
+
+	out := json.NewEncoder(os.Stdout)
+	stdin := bufio.NewScanner(os.Stdin)
+	for stdin.Scan() {
+		if err := out.Encode(snapshotOf(reflector, store, &lists)); err != nil {
+			return err
+		}
+	}
+	return stdin.Err()
+}
+
+func countingListWatch(
+	clientset kubernetes.Interface, namespace, selector string, lists *atomic.Int64,
+) *cache.ListWatch {
+	lw := cache.NewFilteredListWatchFromClient(
+		clientset.CoreV1().RESTClient(), "pods", namespace,
+		func(o *metav1.ListOptions) { o.LabelSelector = selector },
+	)
+	list := lw.ListWithContextFunc
+	lw.ListWithContextFunc = func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+		if o.Continue == "" {
+			lists.Add(1)
+		}
+		return list(ctx, o)
+	}
+	return lw
+}
+
+func snapshotOf(reflector *cache.Reflector, store cache.Store, lists *atomic.Int64) snapshot {
+	pods := []podView{}
+	for _, obj := range store.List() {
+		pod := obj.(*corev1.Pod)
+		labels := pod.Labels
+		if labels == nil {
+			labels = map[string]string{}
+		}
+		pods = append(pods, podView{
+			Name:            pod.Name,
+			UID:             string(pod.UID),
+			ResourceVersion: pod.ResourceVersion,
+			Labels:          labels,
+		})
+	}
+	sort.Slice(pods, func(i, j int) bool { return pods[i].Name < pods[j].Name })
+	return snapshot{
+		ResourceVersion: reflector.LastSyncResourceVersion(),
+		Lists:           lists.Load(),
+		Pods:            pods,
+	}
+}
