@@ -70,6 +70,7 @@ class PodMetadata(_View):
     namespace: str | None = None
     uid: str | None = None
     resource_version: str | None = _both("resource_version", "resourceVersion")
+    creation_timestamp: datetime | None = _both("creation_timestamp", "creationTimestamp")
     deletion_timestamp: datetime | None = _both("deletion_timestamp", "deletionTimestamp")
     labels: OrEmpty[dict[str, str]] = Field(default_factory=dict)
     annotations: OrEmpty[dict[str, str]] = Field(default_factory=dict)

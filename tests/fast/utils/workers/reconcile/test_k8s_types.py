@@ -40,6 +40,7 @@ def _assert_reads_realistic_pod(pod: Pod) -> None:
     assert pod.metadata.namespace == "default"
     assert pod.metadata.uid
     assert pod.metadata.resource_version == "1000"
+    assert pod.metadata.creation_timestamp is not None
     assert pod.metadata.deletion_timestamp is None
     assert pod.metadata.labels[PARENT_LABEL] == "cell-3"
     assert "miles.io/config-hash" in pod.metadata.annotations

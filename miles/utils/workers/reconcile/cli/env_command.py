@@ -1,0 +1,133 @@
+"""``miles-reconcile env up|down`` and the control plane the demo runs on.
+
+Wraps ``miles.utils.k8s_testenv`` (Go: envtest plus kwokctl): builds the pinned binaries with a
+progress display, starts etcd, both kube-apiservers and KWOK with one fake node (its ``KwokAddon``),
+and either leaves them running (``env up``; ``env down`` stops every process naming the plane's
+folder, KWOK included) or owns them for the length of a demo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TextIO, TypeVar
+
+from miles.utils.workers.reconcile.cli.build_progress import LogFn, run_with_progress
+
+T = TypeVar("T")
+REQUIRED_BINARIES = ("etcd", "kube-apiserver")
+KUBELET_BINARY = "kwok"
+NO_KUBELET_NODE = "demo-node-0"
+KWOK_START_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPlane:
+    """A started ``LocalControlPlane`` as the demo sees it."""
+
+    plane: Any
+    node_name: str
+    has_kubelet: bool
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.plane.cached_kubeconfig)
+
+    async def restart_apiserver(self) -> None:
+        await asyncio.to_thread(self.plane.restart_apiserver, "cached")
+
+
+async def build_binaries(*, out: TextIO) -> tuple[Any, bool]:
+    """Build what is missing, showing progress; KWOK is optional (without it the demo plays the
+    kubelet). Returns the binary paths and whether KWOK is among them."""
+    from miles.utils.k8s_testenv.binaries import ensure_binaries
+    from miles.utils.k8s_testenv.errors import BuildError
+
+    tty = out.isatty()
+
+    def build(names: tuple[str, ...]) -> Callable[[LogFn], Any]:
+        return lambda log: ensure_binaries(names=names, log=log)
+
+    await run_with_progress(build(REQUIRED_BINARIES), stream=out, tty=tty)
+    try:
+        paths = await run_with_progress(build((KUBELET_BINARY,)), stream=out, tty=tty)
+    except BuildError as err:
+        out.write(
+            f"KWOK unavailable ({str(err).splitlines()[0]}); the demo will play the kubelet\n"
+        )
+        return await run_with_progress(build(()), stream=out, tty=tty), False
+    return paths, True
+
+
+async def start_plane(*, out: TextIO, keep: bool | None) -> LocalPlane:
+    from miles.utils.k8s_testenv.control_plane import LocalControlPlane
+    from miles.utils.k8s_testenv.kwok import KwokAddon
+
+    binaries, with_kwok = await build_binaries(out=out)
+    kwok = KwokAddon(start_timeout=KWOK_START_TIMEOUT) if with_kwok else None
+    plane = LocalControlPlane(
+        binaries=binaries,
+        addons=[kwok] if kwok is not None else [],
+        keep=keep,
+        announce=lambda _: None,
+    )
+    started = time.monotonic()
+    out.write("starting etcd, two kube-apiservers" + (" and KWOK ...\n" if kwok else " ...\n"))
+    out.flush()
+    await finish_blocking(plane.start, on_cancel=plane.stop)
+    out.write(f"control plane ready in {time.monotonic() - started:.1f}s\n")
+    return LocalPlane(
+        plane=plane,
+        node_name=kwok.node_name if kwok else NO_KUBELET_NODE,
+        has_kubelet=kwok is not None,
+    )
+
+
+async def finish_blocking(work: Callable[[], T], *, on_cancel: Callable[[], None]) -> T:
+    """Run blocking ``work`` in a thread; if cancelled meanwhile, let it finish, run
+    ``on_cancel`` (so nothing it started is left behind), then re-raise the cancellation."""
+    job = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await job
+        await asyncio.to_thread(on_cancel)
+        raise
+
+
+@contextlib.asynccontextmanager
+async def local_plane(*, out: TextIO) -> AsyncIterator[LocalPlane]:
+    """A local control plane with KWOK for the block's length; ``MILES_K8S_KEEP=1`` keeps it."""
+    local = await start_plane(out=out, keep=None)
+    try:
+        yield local
+    finally:
+        await asyncio.to_thread(local.plane.__exit__, None, None, None)
+        if local.plane.keep:
+            out.write(f"{local.plane.describe()}\nstop it with: miles-reconcile env down\n")
+
+
+async def env_up(*, out: TextIO, err: TextIO) -> None:
+    """Start and leave running; stdout is two shell lines, so ``eval "$(... env up)"`` works."""
+    local = await start_plane(out=err, keep=True)
+    local.plane.leave_running()
+    err.write(f"{local.plane.describe()}\nstop it with: miles-reconcile env down\n")
+    out.write(f"# kubeconfig: {local.kubeconfig}\n")
+    out.write(f"export KUBECONFIG={local.kubeconfig}\n")
+
+
+async def env_down(*, out: TextIO, err: TextIO) -> None:
+    from miles.utils.k8s_testenv.state import running_planes, stop_plane
+
+    """Stop every control plane left running on purpose or orphaned by a killed run; planes a
+    live process still owns (a test session, a running demo) are left alone."""
+    planes = [plane for plane in running_planes() if plane.abandoned]
+    if not planes:
+        out.write("nothing is running\n")
+    for plane in planes:
+        await asyncio.to_thread(stop_plane, plane)
+        out.write(f"stopped the control plane in {plane.work_dir}\n")

@@ -1,0 +1,523 @@
+"""The ``miles-reconcile`` CLI without a cluster: pure rendering, JSON lines, one-line errors."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from miles.utils.workers.reconcile import cli
+from miles.utils.workers.reconcile.cli.build_progress import progress_line, run_with_progress
+from miles.utils.workers.reconcile.cli.demo import Verdict, group_by_parent, story, until_stopped
+from miles.utils.workers.reconcile.cli.env_command import env_down
+from miles.utils.workers.reconcile.cli.failures import CliError, describe_failure
+from miles.utils.workers.reconcile.cli.kube_session import kubeconfig_path
+from miles.utils.workers.reconcile.cli.pool_view import (
+    MemberRow,
+    format_age,
+    member_row,
+    reconcile_record,
+    render_pool,
+)
+from miles.utils.workers.reconcile.cli.watch_view import (
+    HOME,
+    LiveView,
+    WatchOptions,
+    empty_selection_note,
+    parent_label_map,
+    watch_pool,
+)
+from miles.utils.workers.reconcile.k8s_api import KubernetesApiError, PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_types import Pod
+from tests.fast.utils.workers.reconcile.fakes import run_until
+from tests.fast.utils.workers.reconcile.k8s_fakes import PARENT_LABEL, FakePodApi
+from tests.fast.utils.workers.reconcile.k8s_fakes import pod as k8s_pod
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def make_pod(
+    name: str,
+    *,
+    cell: str = "cell-0",
+    phase: str = "Running",
+    ready: bool = True,
+    restarts: int = 0,
+    ip: str | None = "10.0.0.1",
+    rv: str = "1",
+    deleting: bool = False,
+) -> Pod:
+    return Pod.model_validate(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": f"uid-{name}",
+                "resourceVersion": rv,
+                "labels": {"cell": cell, "app": "engine"},
+                "deletionTimestamp": T0.isoformat() if deleting else None,
+            },
+            "spec": {"nodeName": "fake-node"},
+            "status": {
+                "phase": phase,
+                "podIP": ip,
+                "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": restarts}],
+            },
+        }
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def row(name: str, **changes: Any) -> MemberRow:
+    return member_row(make_pod(name, **changes), first_seen=T0)
+
+
+def test_member_row_reads_phase_ready_restarts_ip_node() -> None:
+    assert row("e-0", restarts=2, ready=False).shown == (
+        "e-0",
+        "Running",
+        "0/1",
+        2,
+        "10.0.0.1",
+        "fake-node",
+    )
+    assert row("e-1", deleting=True).phase == "Terminating"
+    assert row("e-2", ip=None).ip == "-"
+
+
+def test_age_is_kubectl_short_form() -> None:
+    assert format_age(T0, T0 + timedelta(seconds=42)) == "42s"
+    assert format_age(T0, T0 + timedelta(minutes=5, seconds=3)) == "5m"
+    assert format_age(T0, T0 + timedelta(hours=3)) == "3h"
+    assert format_age(None, T0) == "-"
+
+
+def test_render_lists_every_parent_with_its_members_and_columns() -> None:
+    snapshot = {"cell-0": [row("e-0"), row("e-1")], "cell-1": [row("e-2", cell="cell-1")]}
+    lines = render_pool(snapshot, snapshot, now=T0 + timedelta(seconds=7))
+    text = "\n".join(lines)
+    assert "cell-0  (2 members)" in text
+    assert "cell-1  (1 member)" in text
+    header = next(line for line in lines if "NAME" in line)
+    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "IP", "NODE", "AGE"]
+    assert any(
+        line.split() == ["e-0", "Running", "1/1", "0", "10.0.0.1", "fake-node", "7s"]
+        for line in lines
+    )
+    assert not any(line.startswith(("*", "-")) for line in lines)
+
+
+def test_render_marks_changed_and_added_rows_and_shows_removed_once() -> None:
+    before = {"cell-0": [row("e-0"), row("e-1"), row("e-2")]}
+    after = {"cell-0": [row("e-0"), row("e-1", restarts=1), row("e-3")]}
+    lines = render_pool(after, before, now=T0)
+    marks = {line[2:].split()[0]: line[0] for line in lines if line[2:].startswith("e-")}
+    assert marks == {"e-0": " ", "e-1": "*", "e-3": "*", "e-2": "-"}
+
+
+def test_render_styles_only_on_request() -> None:
+    before = {"cell-0": [row("e-0")]}
+    after = {"cell-0": [row("e-0", restarts=1)]}
+    assert not any("\x1b[" in line for line in render_pool(after, before, now=T0))
+    assert any(
+        line.startswith("\x1b[1m* e-0") for line in render_pool(after, before, now=T0, styled=True)
+    )
+
+
+def test_render_shows_a_parent_that_lost_every_member_as_gone() -> None:
+    lines = render_pool({}, {"cell-9": [row("e-0", cell="cell-9")]}, now=T0)
+    assert "cell-9  (gone)" in lines
+    assert render_pool({}, {}, now=T0)[-1] == "(no pods)"
+
+
+def test_reconcile_record_is_json_with_names_and_resource_versions() -> None:
+    record = reconcile_record("cell-0", [row("e-0", rv="17", ip=None)], now=T0)
+    decoded = json.loads(json.dumps(record))
+    assert decoded["parent"] == "cell-0"
+    assert decoded["members"] == [
+        {
+            "name": "e-0",
+            "phase": "Running",
+            "ready": "1/1",
+            "restarts": 0,
+            "ip": None,
+            "node": "fake-node",
+            "resourceVersion": "17",
+            "uid": "uid-e-0",
+        }
+    ]
+
+
+def test_live_view_jsonl_prints_one_object_per_reconcile() -> None:
+    out = io.StringIO()
+    view = LiveView(stream=out, output="jsonl", tty=False, title="t", now=Clock())
+    view.show_parent("cell-0", [make_pod("e-0"), make_pod("e-1")])
+    view.show_parent("cell-0", [])
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["parent"], [m["name"] for m in r["members"]]) for r in records] == [
+        ("cell-0", ["e-0", "e-1"]),
+        ("cell-0", []),
+    ]
+
+
+def test_live_view_on_a_terminal_redraws_in_place() -> None:
+    out = io.StringIO()
+    view = LiveView(stream=out, output="table", tty=True, title="t", now=Clock())
+    view.show_parent("cell-0", [make_pod("e-0")])
+    view.show_parent("cell-1", [make_pod("e-1", cell="cell-1")])
+    frames = out.getvalue().split(HOME)[1:]
+    assert len(frames) == 2
+    assert "e-0" in frames[1]
+    assert "e-1" in frames[1]
+
+
+def test_live_view_off_a_terminal_appends_plain_snapshots_marking_the_reconciled_parent() -> None:
+    out = io.StringIO()
+    view = LiveView(stream=out, output="table", tty=False, title="t", now=Clock())
+    view.show_parent("cell-0", [make_pod("e-0")])
+    view.start_marking({"cell-0": [make_pod("e-0")]})
+    view.show_parent("cell-0", [make_pod("e-0", restarts=1)])
+    text = out.getvalue()
+    assert "\x1b" not in text
+    first, second = text.split("t\n")[1:]
+    assert "* e-0" not in first
+    assert "* e-0" in second
+
+
+def test_live_view_does_not_mark_the_initial_sync() -> None:
+    """The synced store is the baseline: the initial reconciles that follow draw unmarked."""
+    out = io.StringIO()
+    view = LiveView(stream=out, output="table", tty=False, title="t", now=Clock())
+    view.start_marking({"cell-0": [make_pod("e-0")], "cell-1": [make_pod("e-1", cell="cell-1")]})
+    view.show_parent("cell-0", [make_pod("e-0")])
+    view.show_parent("cell-1", [make_pod("e-1", cell="cell-1")])
+    view.show_parent("cell-2", [make_pod("e-2", cell="cell-2")])
+    assert "* e-0" not in out.getvalue()
+    assert "* e-1" not in out.getvalue()
+    assert "* e-2" in out.getvalue()
+
+
+def test_live_view_marks_fade_on_a_terminal_after_the_mark_window() -> None:
+    out = io.StringIO()
+    clock = Clock()
+    view = LiveView(stream=out, output="table", tty=True, title="t", now=clock)
+    view.show_parent("cell-0", [make_pod("e-0")])
+    view.start_marking({"cell-0": [make_pod("e-0")]})
+    view.show_parent("cell-0", [make_pod("e-0", restarts=1)])
+    assert "* e-0" in out.getvalue().split(HOME)[-1]
+    clock.now += timedelta(seconds=10)
+    view.draw()
+    assert "* e-0" not in out.getvalue().split(HOME)[-1]
+
+
+def test_parent_label_map_names_the_cell_or_nothing() -> None:
+    key_map = parent_label_map("cell")
+    assert key_map(make_pod("e-0", cell="cell-3")) == "cell-3"
+    assert key_map(make_pod("e-0", cell="")) is None
+
+
+def test_empty_selection_note_says_what_matched_nothing() -> None:
+    options = WatchOptions(namespace="ns", selector="app=x", parent_label="cell")
+    assert "no pods in namespace 'ns' match selector 'app=x'" in empty_selection_note(options, 0)
+    assert "none carries label 'cell'" in empty_selection_note(options, 3)
+
+
+def test_kubeconfig_resolution_order(tmp_path: Any) -> None:
+    explicit = tmp_path / "a.yaml"
+    explicit.write_text("{}")
+    assert kubeconfig_path(str(explicit), {"KUBECONFIG": "/nope"}) == str(explicit)
+    assert kubeconfig_path(None, {"KUBECONFIG": str(explicit)}) == str(explicit)
+    with pytest.raises(CliError, match="no kubeconfig at /nope"):
+        kubeconfig_path(None, {"KUBECONFIG": "/nope"})
+    with pytest.raises(CliError, match="--kubeconfig"):
+        kubeconfig_path(str(tmp_path / "missing"), {})
+
+
+def test_failures_become_one_line() -> None:
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+    from kubernetes_asyncio.client.exceptions import ApiException
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.body = json.dumps(
+        {"kind": "Status", "message": 'pods is forbidden: User "x"'}
+    ).encode()
+    assert describe_failure(forbidden) == 'forbidden by RBAC: pods is forbidden: User "x"'
+    assert describe_failure(ConfigException("Invalid kube-config file.")) == (
+        "kubeconfig: Invalid kube-config file."
+    )
+    key = ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
+    refused = aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connection refused"))
+    assert (
+        describe_failure(refused) == "cannot reach the apiserver at 127.0.0.1:1: Connection refused"
+    )
+    assert describe_failure(KubernetesApiError(403, "Forbidden", "no list")) == (
+        "forbidden by RBAC: no list"
+    )
+    assert describe_failure(ValueError("a bug")) is None
+
+
+def test_main_without_kubeconfig_prints_one_line_and_exits_2(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    code = cli.main(["watch", "--selector", "app=x", "--parent-label", "cell"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.splitlines() == [
+        f"miles-reconcile: error: no kubeconfig at {tmp_path / 'absent'} (from $KUBECONFIG)"
+    ]
+
+
+def test_main_against_a_closed_port_prints_one_line_and_exits_2(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    code = cli.main(
+        ["watch", "--kubeconfig", str(kubeconfig), "--selector", "app=x", "--parent-label", "cell"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.splitlines()) == 1
+    assert err.startswith("miles-reconcile: error: cannot reach the apiserver at 127.0.0.1:1")
+
+
+async def _watch_until(
+    api: FakePodApi, condition: Any, *, options: WatchOptions, output: str = "table"
+) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    view = LiveView(stream=out, output=output, tty=False, title="t", now=Clock())  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        watch_pool(options, pod_api=api, view=view, stop=stop, err=err, tick=False)
+    )
+    await run_until(lambda: condition(out.getvalue(), err.getvalue()) or task.done())
+    stop.set()
+    await task
+    return out.getvalue(), err.getvalue()
+
+
+async def test_watch_says_once_when_the_selector_matches_nothing_and_keeps_watching() -> None:
+    """Issue item 4: an empty selection is reported on stderr, and the loop keeps running."""
+    empty = PodListPage(pods=(), resource_version="5")
+    api = FakePodApi(lists=[empty, empty])
+    options = WatchOptions(namespace="ns", selector="app=none", parent_label=PARENT_LABEL)
+    out, err = await _watch_until(api, lambda out, err: "watching" in err, options=options)
+    assert err.splitlines()[0] == (
+        "miles-reconcile: no pods in namespace 'ns' match selector 'app=none'; watching for them"
+    )
+    assert "(no pods)" in out
+    assert len(api.watch_calls) == 1
+
+
+async def test_watch_draws_the_pool_and_marks_a_pod_the_watch_changed() -> None:
+    """The reconcile reads ``loop.get_by_parent`` and the view marks what the event changed."""
+    first = k8s_pod("e-0", resource_version="10")
+    page = PodListPage(pods=(first, k8s_pod("e-1", resource_version="11")), resource_version="11")
+    restarted = k8s_pod("e-0", resource_version="12", restart_count=1)
+    drawn = asyncio.Event()
+    api = FakePodApi(
+        lists=[page, page], watches=[[drawn.wait, PodWatchEvent("MODIFIED", restarted, "12")]]
+    )
+    options = WatchOptions(namespace="default", selector="app=x", parent_label=PARENT_LABEL)
+
+    def marked(out: str, err: str) -> bool:
+        if "cell-0" in out:
+            drawn.set()
+        return "* e-0" in out
+
+    out, err = await _watch_until(api, marked, options=options)
+    first_draw, *_ = out.split("t\n")[1:]
+    assert "cell-0  (2 members)" in first_draw
+    assert "* e-" not in first_draw
+    assert "* e-0" in out
+    assert err == ""
+
+
+async def test_watch_jsonl_records_follow_the_watch() -> None:
+    """``--output jsonl``: one object per reconcile, carrying what the store holds then."""
+    page = PodListPage(pods=(k8s_pod("e-0", resource_version="10"),), resource_version="10")
+    gone = k8s_pod("e-0", resource_version="13")
+    synced = asyncio.Event()
+    api = FakePodApi(
+        lists=[page, page], watches=[[synced.wait, PodWatchEvent("DELETED", gone, "13")]]
+    )
+    options = WatchOptions(namespace="default", selector="app=x", parent_label=PARENT_LABEL)
+
+    def two_records(out: str, err: str) -> bool:
+        if out.count("\n") == 1:
+            synced.set()
+        return out.count("\n") >= 2
+
+    out, _ = await _watch_until(api, two_records, options=options, output="jsonl")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [[m["resourceVersion"] for m in r["members"]] for r in records] == [["10"], []]
+
+
+async def test_watch_forbidden_list_fails_before_the_loop_starts() -> None:
+    api = FakePodApi(lists=[KubernetesApiError(403, "Forbidden", "pods is forbidden")])
+    options = WatchOptions(namespace="ns", selector="app=x", parent_label=PARENT_LABEL)
+    with pytest.raises(KubernetesApiError) as caught:
+        await _watch_until(api, lambda out, err: False, options=options)
+    assert describe_failure(caught.value) == "forbidden by RBAC: pods is forbidden"
+    assert api.watch_calls == []
+
+
+def test_demo_verdict_matches_only_when_names_and_resource_versions_agree() -> None:
+    listed = {"cell-0": {"e-0": "5", "e-1": "6"}}
+    assert Verdict(matched=True, loop_view=listed, listed=listed).lines() == [
+        "verdict: match (1 parents, 2 pods: the loop's view equals a fresh LIST)"
+    ]
+    ours = {"cell-0": {"e-0": "4"}, "cell-9": {"e-9": "1"}}
+    lines = Verdict(matched=False, loop_view=ours, listed=listed).lines()
+    assert lines == [
+        "verdict: MISMATCH (loop view vs fresh LIST)",
+        "  cell-0/e-0: loop has rv 4, LIST has 5",
+        "  cell-0/e-1: in LIST (rv 6), missing from loop",
+        "  cell-9/e-9: in loop (rv 1), not in LIST",
+    ]
+
+
+def test_demo_groups_a_listing_by_parent_and_drops_unlabelled_pods() -> None:
+    pods = [make_pod("e-0", rv="3"), make_pod("e-1", cell="cell-1", rv="4"), make_pod("x", cell="")]
+    assert group_by_parent(pods, parent_label_map("cell")) == {
+        "cell-0": {"e-0": "3"},
+        "cell-1": {"e-1": "4"},
+    }
+
+
+def test_demo_story_covers_every_scripted_event_of_the_issue() -> None:
+    captions = " | ".join(step.caption for step in story())
+    for event in (
+        "create the pool: 3 cells x 4 engines",
+        "scale-up",
+        "container restart",
+        "graceful delete",
+        "relabelled into cell-2",
+        "apiserver restart",
+        "leave the selector",
+    ):
+        assert event in captions
+
+
+async def test_until_stopped_cancels_the_work_when_stop_is_set_first() -> None:
+    stop = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def forever() -> int:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+        return 1
+
+    async def done() -> int:
+        return 7
+
+    stop.set()
+    assert await until_stopped(forever(), stop) is None
+    assert cancelled.is_set()
+    assert await until_stopped(done(), asyncio.Event()) == 7
+
+
+async def test_build_progress_echoes_build_lines_off_a_terminal() -> None:
+    out = io.StringIO()
+
+    def build(log: Callable[[str], None]) -> str:
+        log("k8s_testenv: building kube-apiserver (k8s.io/kubernetes v1.36.3) ...")
+        log("k8s_testenv: built kube-apiserver in 301.0s (120.0 MB)")
+        return "paths"
+
+    assert await run_with_progress(build, stream=out, tty=False) == "paths"
+    assert out.getvalue().splitlines() == [
+        "building kube-apiserver (k8s.io/kubernetes v1.36.3) ...",
+        "built kube-apiserver in 301.0s (120.0 MB)",
+    ]
+
+
+def test_build_progress_line_shows_spinner_and_elapsed_time() -> None:
+    line = progress_line("building etcd ...", started=100.0, now=163.0, frame=1)
+    assert line == "/ building etcd ... (1m03s)"
+
+
+async def test_env_down_with_nothing_recorded_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles.utils.k8s_testenv import state
+
+    monkeypatch.setattr(state, "state_dir", lambda: tmp_path)
+    out = io.StringIO()
+    await env_down(out=out, err=io.StringIO())
+    assert out.getvalue() == "nothing is running\n"
+
+
+async def test_env_down_stops_abandoned_planes_and_leaves_owned_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from miles.utils.k8s_testenv import state
+
+    monkeypatch.setattr(state, "state_dir", lambda: tmp_path / "state")
+    for name, owner in (("left", None), ("owned", os.getpid())):
+        (tmp_path / name).mkdir()
+        state.write_state(work_dir=tmp_path / name, pids={}, kubeconfigs={}, owner_pid=owner)
+    out = io.StringIO()
+    await env_down(out=out, err=io.StringIO())
+    assert out.getvalue() == f"stopped the control plane in {tmp_path / 'left'}\n"
+    assert [p.work_dir.name for p in state.running_planes()] == ["owned"]
+
+
+def test_live_view_stops_writing_and_reports_once_when_the_reader_goes_away() -> None:
+    """``watch -o jsonl | head -1``: a broken pipe stops the command, not every reconcile."""
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+    closed: list[bool] = []
+    view = LiveView(
+        stream=ClosedPipe(),
+        output="jsonl",
+        tty=False,
+        title="t",
+        now=Clock(),
+        on_output_closed=lambda: closed.append(True),
+    )
+    view.show_parent("cell-0", [make_pod("e-0")])
+    view.show_parent("cell-0", [make_pod("e-0")])
+    assert view.output_closed
+    assert closed == [True]
+
+
+def test_a_missing_kubernetes_extra_is_one_line() -> None:
+    missing = ModuleNotFoundError("No module named 'kubernetes_asyncio'", name="kubernetes_asyncio")
+    assert describe_failure(missing) == (
+        "kubernetes_asyncio is not installed: pip install 'miles-reconcile[k8s]'"
+    )
+    assert describe_failure(ModuleNotFoundError("x", name="numpy")) is None
