@@ -1,0 +1,272 @@
+"""Layer: real apiserver, no kubelet. The reflector's cursor against real servers and faults.
+
+A real server-side watch timeout re-watches from the cursor without a LIST; a cursor compaction
+destroyed is read as expired and costs exactly one relist, which also synthesizes a deletion missed
+while the watch was down; a real "too large resource version" 504 costs one relist; and the loop
+reconverges after an apiserver restart. LISTs and cursors are counted by a recording delegate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client
+
+from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
+from miles.utils.workers.reconcile.k8s_api import (
+    KubernetesAsyncioPodApi,
+    KubernetesPodApi,
+    PodListPage,
+    PodWatchEvent,
+)
+from tests.e2e.k8s_apiserver.harness import (
+    FUTURE_OFFSET,
+    Cells,
+    ForgedCursorCoreV1,
+    RecordingPodApi,
+    create_pod,
+    eventually,
+    future_cursor,
+)
+
+pytestmark = pytest.mark.k8s_apiserver
+
+SERVER_WATCH_TIMEOUT = 2
+
+
+async def test_real_watch_timeout_rewatches_from_the_cursor_without_relisting(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str
+) -> None:
+    """Each watch is closed by the server after `timeoutSeconds=2` (not by the client, whose limit
+    is 10 s later); every re-watch opens from the last cursor the previous one yielded, the one
+    LIST stays the only one, and a pod created after several re-watches still arrives."""
+    async with (
+        k8s_api_client("cached") as api,
+        Cells.running(
+            core_v1=client.CoreV1Api(api),
+            namespace=k8s_namespace,
+            watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
+        ) as cells,
+    ):
+        await cells.create("a-0", cell="a")
+        await cells.converge("a", {"a-0"})
+        await eventually(
+            lambda: sum(w.ended_at is not None for w in cells.api.watches) >= 3,
+            what="three watches closed by the server's 2 s timeout",
+            context=cells.api.describe,
+        )
+        await cells.create("a-1", cell="a")
+        await cells.converge("a", {"a-0", "a-1"})
+        await cells.assert_consistent(lists=1)
+
+    watches = cells.api.watches
+    closed = [w for w in watches if w.ended_at is not None and w.failure is None]
+    assert len(closed) >= 3
+    for watch in closed:
+        assert watch.ended_at is not None
+        assert 1.5 < watch.ended_at - watch.opened_at < SERVER_WATCH_TIMEOUT + 3
+    assert watches[0].resource_version == cells.api.lists[0].resource_version
+    for previous, following in itertools.pairwise(watches):
+        assert following.resource_version == previous.last_cursor
+    assert cells.api.cursor_rejections() == []
+
+
+async def _make_cursor_stale_then_compact(
+    core_v1: client.CoreV1Api, plane: LocalControlPlane, namespace: str, stale: str
+) -> None:
+    for index in range(3):
+        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"unwatched-{index}"))
+        await core_v1.create_namespaced_config_map(namespace, body)
+    compacted_to = await asyncio.to_thread(plane.compact_etcd)
+    assert compacted_to > int(stale) + 1
+
+
+async def _compaction_scenario(
+    k8s_api_client: ApiClientFactory,
+    plane: LocalControlPlane,
+    namespace: str,
+    *,
+    delete_while_down: str | None,
+) -> Cells:
+    """Cell "a" = a-0, a-1 on the uncached apiserver; stop it; optionally delete a pod through the
+    cached one; make the cursor stale and compact etcd to its head; start it again."""
+    uncached = plane.apiserver("uncached")
+    async with (
+        k8s_api_client("uncached") as api,
+        k8s_api_client("cached") as other,
+        Cells.running(core_v1=client.CoreV1Api(api), namespace=namespace) as cells,
+    ):
+        await cells.create("a-0", cell="a")
+        await cells.create("a-1", cell="a")
+        await cells.converge("a", {"a-0", "a-1"})
+        stale = cells.api.watches[-1].last_cursor
+
+        await asyncio.to_thread(uncached.stop)
+        other_core = client.CoreV1Api(other)
+        if delete_while_down is not None:
+            await other_core.delete_namespaced_pod(
+                delete_while_down, namespace, grace_period_seconds=0
+            )
+        await _make_cursor_stale_then_compact(other_core, plane, namespace, stale)
+        await asyncio.to_thread(uncached.start)
+
+        await eventually(
+            lambda: len(cells.api.lists) == 2,
+            what="the relist after the expired cursor",
+            context=cells.api.describe,
+        )
+        await create_pod(other_core, namespace, "a-2", cell="a")
+        survivors = {"a-0", "a-1", "a-2"} - {delete_while_down}
+        await cells.converge("a", survivors)
+        await cells.assert_consistent(lists=2)
+
+    rejected = [w for w in cells.api.watches if any(f.rejects_cursor for f in w.frames)]
+    assert [w.resource_version for w in rejected] == [stale]
+    return cells
+
+
+async def test_compacted_cursor_is_read_as_expired_and_costs_exactly_one_relist(
+    k8s_api_client: ApiClientFactory, k8s_local_control_plane: LocalControlPlane, k8s_namespace: str
+) -> None:
+    """Recipe §3: with no watch cache, the re-watch from a cursor below etcd's compaction gets a
+    real 410 Expired frame; the reflector relists once and watches on from the new cursor."""
+    cells = await _compaction_scenario(
+        k8s_api_client, k8s_local_control_plane, k8s_namespace, delete_while_down=None
+    )
+
+    [rejection] = cells.api.cursor_rejections()
+    assert rejection.type == "ERROR"
+    assert rejection.reason.startswith("410 Expired:")
+    relist = cells.api.lists[1]
+    after_relist = [w for w in cells.api.watches if w.opened_at > cells.api.watches[0].opened_at]
+    assert any(w.resource_version == relist.resource_version for w in after_relist)
+    assert [f.type for f in cells.api.pod_frames("a-2")][:1] == ["ADDED"]
+
+
+async def test_deletion_missed_while_the_watch_was_down_is_synthesized_by_the_relist(
+    k8s_api_client: ApiClientFactory, k8s_local_control_plane: LocalControlPlane, k8s_namespace: str
+) -> None:
+    """a-1 is deleted while the uncached apiserver is down and the compaction erases its DELETED
+    event, so no frame ever reports it: the relist's replace removes it and wakes cell "a"."""
+    cells = await _compaction_scenario(
+        k8s_api_client, k8s_local_control_plane, k8s_namespace, delete_while_down="a-1"
+    )
+
+    assert [f.type for f in cells.api.pod_frames("a-1")] == ["ADDED"]
+    assert [p.metadata.name for p in cells.api.lists[1].pods] == ["a-0"]
+    relist_index = cells.api.log.index(cells.api.lists[1])
+    woken = [r for r in cells.reconciled if r.parent == "a" and r.log_length > relist_index]
+    assert woken, "cell 'a' was not reconciled after the relist"
+    assert woken[0].names == {"a-0"}
+
+
+async def test_real_too_large_resource_version_costs_exactly_one_relist(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str
+) -> None:
+    """The first WATCH goes out from beyond etcd's head (with `sendInitialEvents`, see
+    `ForgedCursorCoreV1`): the watch cache answers, after its 3 s wait, with a real 504
+    "Too large resource version" ERROR frame, which the reflector reads as a cursor rejection and
+    answers with one relist; the loop then follows changes from the new cursor."""
+    async with k8s_api_client("cached") as api:
+        core = client.CoreV1Api(api)
+        await create_pod(core, k8s_namespace, "a-0", cell="a")
+        forged = ForgedCursorCoreV1(core, await future_cursor(core, k8s_namespace), on_watch=True)
+        recording = RecordingPodApi(KubernetesAsyncioPodApi(core_v1_api=forged))
+        async with Cells.running(core_v1=core, namespace=k8s_namespace, api=recording) as cells:
+            await eventually(
+                lambda: len(cells.api.lists) == 2,
+                what="the relist after the 504",
+                context=cells.api.describe,
+            )
+            await cells.create("a-1", cell="a")
+            await cells.converge("a", {"a-0", "a-1"})
+            await cells.assert_consistent(lists=2)
+
+    [rejection] = cells.api.cursor_rejections()
+    assert rejection.reason.startswith("504 Timeout: Timeout: Too large resource version")
+    assert cells.api.watches[1].resource_version == cells.api.lists[1].resource_version
+
+
+class _ListFromBeforeARollback:
+    """A `KubernetesPodApi` whose first LIST page carries a cursor beyond etcd's head, as if etcd
+    had been restored from an older snapshot after serving it; everything else is forwarded."""
+
+    def __init__(self, inner: KubernetesPodApi) -> None:
+        self._inner = inner
+        self._rolled_back = False
+
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        page = await self._inner.list_pods(namespace=namespace, label_selector=label_selector)
+        if self._rolled_back:
+            return page
+        self._rolled_back = True
+        return PodListPage(page.pods, str(int(page.resource_version) + FUTURE_OFFSET))
+
+    def stream_pods(
+        self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[PodWatchEvent]:
+        return self._inner.stream_pods(
+            namespace=namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="reflector gap: a real apiserver accepts a plain WATCH from a future cursor silently "
+    "(no 504), so the reflector re-watches it at every timeout and never relists",
+)
+async def test_cursor_beyond_etcd_head_after_a_rollback_is_recovered_by_a_relist(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str
+) -> None:
+    """Spec row `IsTooLargeResourceVersion`: "a rolled-back backend would otherwise freeze the
+    store forever". With watches of 2 s, a pod created after the rollback is never delivered:
+    every watch from the future cursor closes empty and the reflector re-watches from it."""
+    async with k8s_api_client("cached") as api:
+        core = client.CoreV1Api(api)
+        await create_pod(core, k8s_namespace, "a-0", cell="a")
+        recording = RecordingPodApi(
+            _ListFromBeforeARollback(KubernetesAsyncioPodApi(core_v1_api=core))
+        )
+        async with Cells.running(
+            core_v1=core,
+            namespace=k8s_namespace,
+            api=recording,
+            watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
+        ) as cells:
+            await cells.create("a-1", cell="a")
+            await cells.converge("a", {"a-0", "a-1"}, within=10.0)
+
+
+async def test_loop_reconverges_after_an_apiserver_restart(
+    k8s_api_client: ApiClientFactory, k8s_local_control_plane: LocalControlPlane, k8s_namespace: str
+) -> None:
+    """The watch breaks when the cached apiserver stops; the reflector retries until it is back
+    and the loop then follows a creation and a deletion made after the restart, with at most one
+    relist (a restarted watch cache may no longer hold the cursor)."""
+    async with (
+        k8s_api_client("cached") as api,
+        Cells.running(core_v1=client.CoreV1Api(api), namespace=k8s_namespace) as cells,
+    ):
+        await cells.create("a-0", cell="a")
+        await cells.create("a-1", cell="a")
+        await cells.converge("a", {"a-0", "a-1"})
+        watches_before = len(cells.api.watches)
+
+        await asyncio.to_thread(k8s_local_control_plane.restart_apiserver, "cached")
+        async with k8s_api_client("cached") as fresh:
+            writer = client.CoreV1Api(fresh)
+            await create_pod(writer, k8s_namespace, "a-2", cell="a")
+            await writer.delete_namespaced_pod("a-0", k8s_namespace, grace_period_seconds=0)
+        await cells.converge("a", {"a-1", "a-2"})
+        relists = len(cells.api.lists) - 1
+        await cells.assert_consistent(lists=1 + relists)
+
+    assert len(cells.api.watches) > watches_before
+    assert relists <= 1, cells.api.describe()
