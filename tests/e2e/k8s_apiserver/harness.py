@@ -1,7 +1,9 @@
 """Layer: real apiserver, no kubelet. Shared helpers for the runtime tests of this layer.
 
-- `RecordingPodApi`: a `KubernetesPodApi` delegate that logs every LIST page and watch frame in the
-  order the runtime received them, and every WATCH it opened (its cursor, frames, timing, failure).
+- `RecordingPodApi`: a `KubernetesPodApi` delegate that logs every consistent LIST page and watch
+  frame in the order the runtime received them, every WATCH it opened (its cursor, frames, timing,
+  failure), and, apart, every cursor probe (a LIST carrying a resourceVersion, which never feeds
+  the store).
 - `replay_members`: folds that log into what the store must hold for a parent after a prefix of it,
   so a test can check each reconcile against exactly the events that preceded it.
 - `Cells`: a `ReconcileLoop` over a `KubernetesReflector` on a recording api, keyed by `CELL_LABEL`,
@@ -163,12 +165,26 @@ class WatchCall:
         return seen[-1] if seen else self.resource_version
 
 
+@dataclass
+class ProbeCall:
+    """One cursor probe: a LIST from `resource_version`, and its page or its failure."""
+
+    resource_version: str
+    limit: int | None
+    opened_at: float
+    page: PodListPage | None = None
+    failure: BaseException | None = None
+
+
 class RecordingPodApi:
-    """A `KubernetesPodApi` delegate: `log` holds every LIST page and frame, in arrival order."""
+    """A `KubernetesPodApi` delegate. `lists` holds the consistent LISTs (the initial sync, then
+    one per relist) and `log` those pages and every frame, in arrival order; `probes` holds the
+    LISTs that carried a resourceVersion (cursor probes), which are neither relists nor logged."""
 
     def __init__(self, inner: KubernetesPodApi) -> None:
         self._inner = inner
         self.lists: list[PodListPage] = []
+        self.probes: list[ProbeCall] = []
         self.watches: list[WatchCall] = []
         self.log: list[LogEntry] = []
 
@@ -176,11 +192,39 @@ class RecordingPodApi:
     def over(cls, core_v1_api: Any) -> RecordingPodApi:
         return cls(KubernetesAsyncioPodApi(core_v1_api=core_v1_api))
 
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        page = await self._inner.list_pods(namespace=namespace, label_selector=label_selector)
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
+        if resource_version is not None:
+            return await self._probe(namespace, label_selector, resource_version, limit)
+        page = await self._inner.list_pods(
+            namespace=namespace, label_selector=label_selector, limit=limit
+        )
         self.lists.append(page)
         self.log.append(page)
         return page
+
+    async def _probe(
+        self, namespace: str, label_selector: str, resource_version: str, limit: int | None
+    ) -> PodListPage:
+        call = ProbeCall(resource_version, limit, opened_at=time.monotonic())
+        self.probes.append(call)
+        try:
+            call.page = await self._inner.list_pods(
+                namespace=namespace,
+                label_selector=label_selector,
+                resource_version=resource_version,
+                limit=limit,
+            )
+        except BaseException as err:
+            call.failure = err
+            raise
+        return call.page
 
     async def stream_pods(
         self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
@@ -221,7 +265,8 @@ class RecordingPodApi:
             f"(rv={w.resource_version} frames={[f.type for f in w.frames]} failure={w.failure!r})"
             for w in self.watches
         ]
-        return f"LISTs={len(self.lists)} WATCHes={watches}"
+        probes = [f"(rv={p.resource_version} failure={p.failure!r})" for p in self.probes]
+        return f"LISTs={len(self.lists)} probes={probes} WATCHes={watches}"
 
 
 Members = dict[str, str]
@@ -349,7 +394,8 @@ class Cells:
         )
 
     async def assert_consistent(self, *, lists: int = 1) -> None:
-        """Every change woke its parent, no reconcile read a stale store, and `lists` LISTs ran."""
+        """Every change woke its parent, no reconcile read a stale store, and `lists` consistent
+        LISTs ran (the initial sync plus relists; cursor probes are counted apart)."""
         await eventually(
             lambda: not self.unwoken_changes(),
             what="a reconcile after every membership change",

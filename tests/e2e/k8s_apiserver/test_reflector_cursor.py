@@ -1,9 +1,11 @@
 """Layer: real apiserver, no kubelet. The reflector's cursor against real servers and faults.
 
-A real server-side watch timeout re-watches from the cursor without a LIST; a cursor compaction
+A real server-side watch timeout re-watches from the cursor without a relist; a cursor compaction
 destroyed is read as expired and costs exactly one relist, which also synthesizes a deletion missed
-while the watch was down; a real "too large resource version" 504 costs one relist; and the loop
-reconverges after an apiserver restart. LISTs and cursors are counted by a recording delegate.
+while the watch was down; a real "too large resource version" 504 costs one relist; a cursor beyond
+etcd's head, which a plain watch accepts silently, is caught by the cursor probe after the empty
+watch and costs one relist; and the loop reconverges after an apiserver restart. Consistent LISTs
+(the initial sync and relists), cursor probes and cursors are counted by a recording delegate.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import AsyncIterator
 import pytest
 from kubernetes_asyncio import client
 
-from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
+from miles.utils.k8s_testenv import ApiClientFactory, ApiServerName, LocalControlPlane
 from miles.utils.workers.reconcile.k8s_api import (
+    KubernetesApiError,
     KubernetesAsyncioPodApi,
     KubernetesPodApi,
     PodListPage,
@@ -24,6 +27,7 @@ from miles.utils.workers.reconcile.k8s_api import (
 )
 from tests.e2e.k8s_apiserver.harness import (
     FUTURE_OFFSET,
+    SELECTOR,
     Cells,
     ForgedCursorCoreV1,
     RecordingPodApi,
@@ -42,7 +46,10 @@ async def test_real_watch_timeout_rewatches_from_the_cursor_without_relisting(
 ) -> None:
     """Each watch is closed by the server after `timeoutSeconds=2` (not by the client, whose limit
     is 10 s later); every re-watch opens from the last cursor the previous one yielded, the one
-    LIST stays the only one, and a pod created after several re-watches still arrives."""
+    consistent LIST stays the only one (no relist), and a pod created after several re-watches
+    still arrives. A 2 s watch gets no bookmark, so each one that closed with no frame was
+    followed by exactly one cursor probe (a one-item LIST from its cursor), which the server
+    accepted (the last empty watch may have been stopped before its probe went out)."""
     async with (
         k8s_api_client("cached") as api,
         Cells.running(
@@ -72,6 +79,10 @@ async def test_real_watch_timeout_rewatches_from_the_cursor_without_relisting(
     for previous, following in itertools.pairwise(watches):
         assert following.resource_version == previous.last_cursor
     assert cells.api.cursor_rejections() == []
+    empty = [w.resource_version for w in closed if not w.frames]
+    probed = [p.resource_version for p in cells.api.probes]
+    assert probed in (empty, empty[:-1]), cells.api.describe()
+    assert all(p.failure is None and p.limit == 1 for p in cells.api.probes)
 
 
 async def _make_cursor_stale_then_compact(
@@ -198,9 +209,21 @@ class _ListFromBeforeARollback:
         self._inner = inner
         self._rolled_back = False
 
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        page = await self._inner.list_pods(namespace=namespace, label_selector=label_selector)
-        if self._rolled_back:
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
+        page = await self._inner.list_pods(
+            namespace=namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            limit=limit,
+        )
+        if self._rolled_back or resource_version is not None:
             return page
         self._rolled_back = True
         return PodListPage(page.pods, str(int(page.resource_version) + FUTURE_OFFSET))
@@ -216,19 +239,47 @@ class _ListFromBeforeARollback:
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="reflector gap: a real apiserver accepts a plain WATCH from a future cursor silently "
-    "(no 504), so the reflector re-watches it at every timeout and never relists",
-)
+@pytest.mark.parametrize("server", ["cached", "uncached"])
+async def test_cursor_probe_accepts_a_cursor_the_server_has_and_rejects_one_beyond_its_head(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str, server: ApiServerName
+) -> None:
+    """The probe's semantics on a real server: a LIST with `resourceVersionMatch=NotOlderThan` and
+    `limit=1` from a cursor the server has returns at most one pod; from beyond etcd's head it is
+    answered 504 Timeout with cause ResourceVersionTooLarge (the watch cache after its 3 s wait
+    for the revision, the cache-less server at once), which reads as a cursor rejection."""
+    async with k8s_api_client(server) as api:
+        core = client.CoreV1Api(api)
+        for name in ("a-0", "a-1"):
+            created = await create_pod(core, k8s_namespace, name, cell="a")
+        pods = KubernetesAsyncioPodApi(core_v1_api=core)
+        cursor = created.metadata.resource_version
+        page = await pods.list_pods(
+            namespace=k8s_namespace, label_selector=SELECTOR, resource_version=cursor, limit=1
+        )
+        assert len(page.pods) == 1
+        assert int(page.resource_version) >= int(cursor)
+        with pytest.raises(KubernetesApiError) as rejected:
+            await pods.list_pods(
+                namespace=k8s_namespace,
+                label_selector=SELECTOR,
+                resource_version=str(int(cursor) + FUTURE_OFFSET),
+                limit=1,
+            )
+    assert (rejected.value.code, rejected.value.reason) == (504, "Timeout")
+    assert rejected.value.rejects_cursor
+    assert "Too large resource version" in rejected.value.message
+
+
+@pytest.mark.parametrize("server", ["cached", "uncached"])
 async def test_cursor_beyond_etcd_head_after_a_rollback_is_recovered_by_a_relist(
-    k8s_api_client: ApiClientFactory, k8s_namespace: str
+    k8s_api_client: ApiClientFactory, k8s_namespace: str, server: ApiServerName
 ) -> None:
     """Spec row `IsTooLargeResourceVersion`: "a rolled-back backend would otherwise freeze the
-    store forever". With watches of 2 s, a pod created after the rollback is never delivered:
-    every watch from the future cursor closes empty and the reflector re-watches from it."""
-    async with k8s_api_client("cached") as api:
+    store forever". A real server accepts a plain WATCH from a future cursor and closes it at the
+    timeout with no frame; the reflector then probes the cursor with a one-item LIST, which the
+    server rejects with 504 ResourceVersionTooLarge, and relists once: a pod created after the
+    rollback is delivered, and every watch after the relist opens from a real cursor."""
+    async with k8s_api_client(server) as api:
         core = client.CoreV1Api(api)
         await create_pod(core, k8s_namespace, "a-0", cell="a")
         recording = RecordingPodApi(
@@ -241,7 +292,20 @@ async def test_cursor_beyond_etcd_head_after_a_rollback_is_recovered_by_a_relist
             watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
         ) as cells:
             await cells.create("a-1", cell="a")
-            await cells.converge("a", {"a-0", "a-1"}, within=10.0)
+            await cells.converge("a", {"a-0", "a-1"}, within=15.0)
+            await cells.assert_consistent(lists=2)
+
+    forged = cells.api.watches[0].resource_version
+    rejected = [p for p in cells.api.probes if p.failure is not None]
+    assert [p.resource_version for p in rejected] == [forged], cells.api.describe()
+    assert isinstance(rejected[0].failure, KubernetesApiError)
+    assert rejected[0].failure.rejects_cursor
+    assert "Too large resource version" in rejected[0].failure.message
+    assert [
+        w.resource_version for w in cells.api.watches if w.opened_at < rejected[0].opened_at
+    ] == [forged]
+    relist = cells.api.lists[1]
+    assert cells.api.watches[1].resource_version == relist.resource_version
 
 
 async def test_loop_reconverges_after_an_apiserver_restart(

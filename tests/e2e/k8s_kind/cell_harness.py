@@ -38,16 +38,34 @@ class WatchCall:
 
 
 class RecordingPodApi:
-    """A `KubernetesPodApi` delegate counting LISTs and recording each WATCH and its events."""
+    """A `KubernetesPodApi` delegate recording each WATCH and its events, the consistent LISTs in
+    `lists` (the initial sync, then one per relist) and, apart in `probes`, the cursor of each
+    LIST that carried a resourceVersion (a cursor probe, which never feeds the store)."""
 
     def __init__(self, inner: KubernetesAsyncioPodApi) -> None:
         self._inner = inner
         self.lists: list[PodListPage] = []
+        self.probes: list[str] = []
         self.watches: list[WatchCall] = []
 
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        page = await self._inner.list_pods(namespace=namespace, label_selector=label_selector)
-        self.lists.append(page)
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
+        if resource_version is not None:
+            self.probes.append(resource_version)
+        page = await self._inner.list_pods(
+            namespace=namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            limit=limit,
+        )
+        if resource_version is None:
+            self.lists.append(page)
         return page
 
     async def stream_pods(
@@ -180,7 +198,10 @@ class CellHarness:
             f"deleting={p.metadata.deletion_timestamp is not None}"
             for p in self.members(cell)
         ]
-        return f"store cell {cell!r} = {pods}; LISTs={len(self.api.lists)}"
+        return (
+            f"store cell {cell!r} = {pods}; LISTs={len(self.api.lists)} "
+            f"probes={len(self.api.probes)}"
+        )
 
     async def converge(self, cell: str, names: set[str], *, timeout_seconds: float) -> Reconciled:
         """The first reconcile of `cell` that saw exactly `names`, every one Running and Ready."""

@@ -27,7 +27,9 @@ logger = logging.getLogger(__name__)
 
 POD_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 CURSOR_REJECTED_CODES = frozenset({410, 504})
-"""410 Expired/Gone, and 504, which servers up to 1.18.5 sent for a too-large resourceVersion."""
+"""410 Expired/Gone, and 504 (reason Timeout, cause ResourceVersionTooLarge): a resourceVersion
+beyond the server's history, answered on a LIST that carries it and on a ``sendInitialEvents``
+watch (a plain watch from it waits silently instead)."""
 MAX_LINE_BYTES = 64 * 2**20
 """Far above etcd's 1.5 MiB object limit; a longer line is read as an undecodable frame."""
 _ERROR_BODY_BYTES = 64 * 2**10
@@ -92,7 +94,18 @@ class KubernetesApiError(Exception):
 
 
 class KubernetesPodApi(Protocol):
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage: ...
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
+        """A consistent LIST by default (resourceVersion unset). With ``resource_version``, a LIST
+        not older than it (``resourceVersionMatch=NotOlderThan``), which a server rejects when the
+        version is beyond its history; ``limit`` caps the items (Go's ``ListOptions.Limit``)."""
+        ...
 
     def stream_pods(
         self,
@@ -275,7 +288,14 @@ class KubernetesAsyncioPodApi:
         self._list_read_timeout = list_read_timeout
         self._watch_read_margin = watch_read_margin
 
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(
@@ -283,11 +303,17 @@ class KubernetesAsyncioPodApi:
             sock_connect=self._connect_timeout,
             sock_read=self._list_read_timeout,
         )
+        options: dict[str, Any] = {}
+        if resource_version is not None:
+            options.update(resource_version=resource_version, resource_version_match="NotOlderThan")
+        if limit is not None:
+            options.update(limit=limit)
         resp = await self._core.list_namespaced_pod(
             namespace,
             label_selector=label_selector,
             _preload_content=False,
             _request_timeout=timeout,
+            **options,
         )
         try:
             await _raise_for_status(resp)

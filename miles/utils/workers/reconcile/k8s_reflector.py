@@ -5,6 +5,13 @@ then follows a WATCH from that list's ``resourceVersion``. A watch that ends cle
 from the cursor; a cursor the server rejects (410, or 504 for a too-large resourceVersion) costs a
 relist; any other failure retries from the same cursor after ``retry_delay``. Nothing a frame
 contains ends the stream.
+
+A real apiserver never rejects a cursor beyond its history (etcd restored from an older snapshot)
+on a plain WATCH: it waits for that revision and closes at the timeout with no frame. So a watch
+that closed cleanly without a single frame (no event, no bookmark) is followed by a probe, a LIST
+of at most one pod not older than the cursor, which the server does reject; the probe's result
+never reaches the store. A healthy watch-cache watch always carries bookmarks, so the probe runs
+only where the cursor is suspect or the server sends none (no watch cache, an idle selector).
 """
 
 from __future__ import annotations
@@ -35,11 +42,15 @@ logger = logging.getLogger(__name__)
 VERY_SHORT_WATCH_SECONDS = 1.0
 """Go's ``VeryShortWatchError``: a watch this short that saw no event is a failure, not a close."""
 
+PROBE_LIMIT = 1
+"""Items a cursor probe asks for: it checks the cursor, the page itself is dropped."""
+
 
 class _Next(enum.Enum):
     REWATCH = "rewatch"
     RETRY = "retry"
     RELIST = "relist"
+    PROBE = "probe"
 
 
 @dataclass
@@ -81,9 +92,12 @@ class KubernetesReflector:
                     async for event in events:
                         yield event
                 cursor = session.cursor
-                if session.next is not _Next.REWATCH:
+                next_step = session.next
+                if next_step is _Next.PROBE:
+                    next_step = await self._probe(cursor)
+                if next_step is not _Next.REWATCH:
                     await self._clock.sleep(self._retry_delay)
-                if session.next is _Next.RELIST:
+                if next_step is _Next.RELIST:
                     break
 
     async def _list(self) -> PodListPage:
@@ -102,6 +116,39 @@ class KubernetesReflector:
                     _reason(err),
                 )
             await self._clock.sleep(self._retry_delay)
+
+    async def _probe(self, cursor: str) -> _Next:
+        """LISTs at most one pod not older than ``cursor``: a rejection means the cursor is beyond
+        the server's history (or expired), so relist; success re-watches; else retry."""
+        try:
+            await self._api.list_pods(
+                namespace=self._namespace,
+                label_selector=self._label_selector,
+                resource_version=cursor,
+                limit=PROBE_LIMIT,
+            )
+        except KubernetesApiError as err:
+            if not err.rejects_cursor:
+                return self._probe_failed(cursor, err)
+            logger.warning(
+                "pod watch cursor resourceVersion=%s %s, relisting: the probe LIST after a watch "
+                "that closed with no frame got %s",
+                cursor,
+                "is beyond the server's history" if err.code == 504 else "has expired",
+                _reason(err),
+            )
+            return _Next.RELIST
+        except Exception as err:
+            return self._probe_failed(cursor, err)
+        return _Next.REWATCH
+
+    def _probe_failed(self, cursor: str, err: Exception) -> _Next:
+        logger.warning(
+            "pod cursor probe LIST at resourceVersion=%s failed, retrying the watch from it: %s",
+            cursor,
+            _reason(err),
+        )
+        return _Next.RETRY
 
     async def _follow(self, session: _Watch) -> AsyncGenerator[SourceEvent, None]:
         stream = self._api.stream_pods(
@@ -138,6 +185,8 @@ class KubernetesReflector:
                 session.cursor,
             )
             session.next = _Next.RETRY
+        elif session.events == 0:
+            session.next = _Next.PROBE
 
     def _end_on_error_frame(self, session: _Watch, frame: PodWatchEvent) -> None:
         session.next = _Next.RELIST if frame.rejects_cursor else _Next.RETRY

@@ -225,6 +225,16 @@ def pod(name: str, parent: str = "cell-0", resource_version: str = "1000", **kw:
 
 
 @dataclass
+class ProbeCall:
+    """One LIST that carried a ``resource_version``: the reflector's cursor probe."""
+
+    namespace: str
+    label_selector: str
+    resource_version: str
+    limit: int | None
+
+
+@dataclass
 class WatchCall:
     namespace: str
     label_selector: str
@@ -238,26 +248,34 @@ Step = PodWatchEvent | BaseException | Callable[[], Any]
 
 @dataclass
 class FakePodApi:
-    """A scripted ``KubernetesPodApi``: each LIST pops ``lists``, each WATCH pops ``watches``.
+    """A scripted ``KubernetesPodApi``: each consistent LIST pops ``lists``, each LIST carrying a
+    ``resource_version`` (a cursor probe) pops ``probes``, each WATCH pops ``watches``.
 
-    A list entry is a ``PodListPage`` or an exception to raise. A watch entry is a list of steps
-    (ending the list closes the stream cleanly) or an exception raised when the watch opens. When a
-    queue runs dry the call parks forever, so a test sees exactly the calls it scripted.
+    A list or probe entry is a ``PodListPage`` or an exception to raise. A watch entry is a list of
+    steps (ending the list closes the stream cleanly) or an exception raised when the watch opens.
+    When a queue runs dry the call parks forever, so a test sees exactly the calls it scripted.
     """
 
     lists: list[PodListPage | BaseException] = field(default_factory=list)
     watches: list[list[Step] | BaseException] = field(default_factory=list)
+    probes: list[PodListPage | BaseException] = field(default_factory=list)
     list_calls: list[tuple[str, str]] = field(default_factory=list)
     watch_calls: list[WatchCall] = field(default_factory=list)
+    probe_calls: list[ProbeCall] = field(default_factory=list)
 
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        self.list_calls.append((namespace, label_selector))
-        if not self.lists:
-            await asyncio.Event().wait()
-        entry = self.lists.pop(0)
-        if isinstance(entry, BaseException):
-            raise entry
-        return entry
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
+        if resource_version is None:
+            self.list_calls.append((namespace, label_selector))
+            return await _pop(self.lists)
+        self.probe_calls.append(ProbeCall(namespace, label_selector, resource_version, limit))
+        return await _pop(self.probes)
 
     async def stream_pods(
         self,
@@ -282,3 +300,12 @@ class FakePodApi:
                 yield step
             else:
                 await step()
+
+
+async def _pop(queue: list[PodListPage | BaseException]) -> PodListPage:
+    if not queue:
+        await asyncio.Event().wait()
+    entry = queue.pop(0)
+    if isinstance(entry, BaseException):
+        raise entry
+    return entry

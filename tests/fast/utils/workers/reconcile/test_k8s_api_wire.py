@@ -134,7 +134,37 @@ async def test_list_decodes_body_and_asks_for_a_consistent_list() -> None:
     assert request.match_info["namespace"] == "ns"
     assert request.query["labelSelector"] == "app=miles"
     assert "resourceVersion" not in request.query
+    assert "resourceVersionMatch" not in request.query
+    assert "limit" not in request.query
     assert "watch" not in request.query
+
+
+async def test_cursor_probe_asks_for_one_pod_not_older_than_the_cursor() -> None:
+    """The reflector's probe: ``resourceVersion``, ``resourceVersionMatch=NotOlderThan`` and
+    ``limit=1`` on the query string, no watch; the page decodes as any LIST."""
+    server = Apiserver(lists=[body(list_body([realistic_pod("a")], "57"))])
+    async with serving(server) as api:
+        page = await api.list_pods(
+            namespace="ns", label_selector="app=miles", resource_version="42", limit=1
+        )
+    assert ([p.metadata.name for p in page.pods], page.resource_version) == (["a"], "57")
+    (request,) = server.requests
+    assert request.query["resourceVersion"] == "42"
+    assert request.query["resourceVersionMatch"] == "NotOlderThan"
+    assert request.query["limit"] == "1"
+    assert request.query["labelSelector"] == "app=miles"
+    assert "watch" not in request.query
+
+
+async def test_recorded_too_large_resource_version_rejects_the_probe() -> None:
+    """The 504 a real server answers a probe from beyond its head reads as a cursor rejection."""
+    recorded = (WIRE / "http_504.json").read_bytes()
+    server = Apiserver(lists=[body(recorded, 504)])
+    async with serving(server) as api:
+        with pytest.raises(KubernetesApiError) as err:
+            await api.list_pods(namespace="ns", label_selector="", resource_version="9", limit=1)
+    assert (err.value.code, err.value.reason, err.value.rejects_cursor) == (504, "Timeout", True)
+    assert "Too large resource version" in err.value.message
 
 
 async def test_recorded_list_decodes_every_pod() -> None:

@@ -133,7 +133,14 @@ class DecodingFakeApi:
         self.opened = 0
         self.drained = asyncio.Event()
 
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
         return PodListPage((), "1")
 
     async def stream_pods(

@@ -23,7 +23,7 @@ from miles.utils.workers.reconcile.source_event import (
     SourceEvent,
     UpsertEvent,
 )
-from tests.fast.utils.workers.reconcile.k8s_fakes import FakePodApi, Step, pod
+from tests.fast.utils.workers.reconcile.k8s_fakes import FakePodApi, ProbeCall, Step, pod
 
 RETRY = 2.0
 
@@ -152,12 +152,100 @@ async def test_very_short_empty_watch_waits_retry_delay() -> None:
         assert len(api.list_calls) == 1
 
 
-async def test_long_empty_watch_is_a_clean_close() -> None:
+async def test_very_short_empty_watch_is_not_probed() -> None:
+    """The very-short guard's retry comes first: a probe is only for a watch that lasted."""
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10")], watches=[[], []])
+    async with running(api, clock):
+        await clock.advance(RETRY)
+        assert len(api.watch_calls) == 2
+        assert api.probe_calls == []
+
+
+async def test_empty_watch_probes_its_cursor_with_a_one_item_list() -> None:
+    """Row ``isTooLargeResourceVersionError``: a watch that lasted and closed cleanly with no frame
+    is followed by one LIST of at most one pod not older than the cursor, before any re-watch."""
     clock = FakeClock()
     api = FakePodApi(lists=[page("10")], watches=[[hold(clock, 1.0)]])
     async with running(api, clock):
         await clock.advance(1.0)
+        assert api.probe_calls == [ProbeCall("ns", "app=miles", "10", 1)]
+        assert len(api.watch_calls) == 1
+        assert len(api.list_calls) == 1
+
+
+async def test_probe_success_rewatches_from_the_same_cursor_at_once_and_feeds_nothing() -> None:
+    """An accepted cursor is re-watched with no delay and no relist; the probe's page is a check,
+    not a listing, so the pod it returned never reaches the stream."""
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("10", "a")],
+        watches=[[hold(clock, 1.0)], [added("b", "11")]],
+        probes=[page("30", "c")],
+    )
+    async with running(api, clock) as run:
+        await clock.advance(1.0)
+        assert [c.resource_version for c in api.watch_calls] == ["10", "10", "11"]
+        assert len(api.list_calls) == 1
+        assert [getattr(e, "key", None) for e in run.events] == [None, "b"]
+        assert len(api.probe_calls) == 1
+
+
+@pytest.mark.parametrize(("code", "reason"), [(504, "Timeout"), (410, "Expired")])
+async def test_probe_rejecting_the_cursor_relists_with_one_log_line(
+    code: int, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolled-back server answers the probe with 504 (cause ResourceVersionTooLarge): one
+    warning names the cursor and the reason, and a consistent relist follows after
+    ``retry_delay``; the watch then opens from the relist's cursor."""
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("900", "a"), page("20", "a", "b")],
+        watches=[[hold(clock, 1.0)]],
+        probes=[KubernetesApiError(code, reason, "Too large resource version")],
+    )
+    with caplog.at_level(logging.WARNING):
+        async with running(api, clock) as run:
+            await clock.advance(1.0)
+            assert len(api.list_calls) == 1
+            await clock.advance(RETRY)
+            assert len(api.list_calls) == 2
+            last = run.events[-1]
+            assert isinstance(last, ReplaceEvent)
+            assert sorted(last.objects) == ["a", "b"]
+            assert [c.resource_version for c in api.watch_calls] == ["900", "20"]
+    (line,) = [r.getMessage() for r in caplog.records if "relisting" in r.getMessage()]
+    assert "resourceVersion=900" in line
+    assert f"HTTP {code} {reason}" in line
+
+
+@pytest.mark.parametrize(
+    "failure", [KubernetesApiError(500, "InternalError"), ConnectionResetError("reset")]
+)
+async def test_probe_failure_retries_the_watch_from_the_cursor(failure: Exception) -> None:
+    """A probe that fails for any other reason says nothing about the cursor: the watch is
+    retried from it after ``retry_delay``, with no relist."""
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10")], watches=[[hold(clock, 1.0)]], probes=[failure])
+    async with running(api, clock):
+        await clock.advance(1.0)
+        assert len(api.probe_calls) == 1
+        await clock.advance(RETRY - 0.1)
+        assert len(api.watch_calls) == 1
+        await clock.advance(0.1)
         assert [c.resource_version for c in api.watch_calls] == ["10", "10"]
+        assert len(api.list_calls) == 1
+
+
+@pytest.mark.parametrize("first", [bookmark("50"), added("a", "50")])
+async def test_watch_with_any_frame_triggers_no_probe(first: PodWatchEvent) -> None:
+    """A bookmark or an event proves the server is past the cursor: re-watch, no probe."""
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10")], watches=[[first, hold(clock, 1.0)]])
+    async with running(api, clock):
+        await clock.advance(1.0)
+        assert [c.resource_version for c in api.watch_calls] == ["10", "50"]
+        assert api.probe_calls == []
 
 
 @pytest.mark.parametrize("code", [410, 504])
