@@ -1,0 +1,121 @@
+"""Differential soak: seeded operations and faults against a real control plane, ours beside
+client-go, for a bounded time.
+
+Run from the repository root::
+
+    .venv/bin/python -m bench.soak --seconds 600 --seed 1     # the long one (README figures)
+    .venv/bin/python -m bench.soak --seconds 150 --seed 1     # a short one
+    .venv/bin/python -m bench.soak --plan ci --seed 1         # the CI scenario, once
+
+It starts its own etcd, two kube-apiservers and KWOK (the pinned binaries are built first if
+missing), runs `tests/e2e/differential/harness.py` until the time is up (the step in flight is
+finished), and prints: operations applied, faults injected by kind, checkpoints compared,
+divergences, relists, and the median and worst convergence time after each fault kind for ours and
+for client-go side by side. Exit status 0 only when every checkpoint was compared and none diverged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from miles.utils.k8s_testenv import EnvSettings, K8sTestEnvError, ensure_binaries
+from tests.e2e.differential.environment import DifferentialEnvironment, differential_environment
+from tests.e2e.differential.harness import (
+    DifferentialHarness,
+    DivergenceError,
+    HarnessAborted,
+    HarnessConfig,
+    logs_to,
+)
+from tests.e2e.differential.scenario import ci_plan
+from tests.e2e.differential.stats import Stats
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=150.0, help="how long to keep stepping")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--plan", choices=["random", "ci"], default="random")
+    parser.add_argument("--target", choices=["uncached", "cached"], default="uncached")
+    parser.add_argument("--bulk-size", type=int, default=200)
+    parser.add_argument(
+        "--silent-seconds",
+        type=float,
+        default=8.0,
+        help="how long a silent connection lasts (above 45 the oracle's HTTP/2 ping ends it)",
+    )
+    parser.add_argument(
+        "--oracle-watch-list", action="store_true", help="client-go's WatchListClient on"
+    )
+    parser.add_argument("--work-dir", type=Path, default=None, help="logs (default: a temp dir)")
+    return parser.parse_args()
+
+
+async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
+    config = HarnessConfig(
+        seed=args.seed,
+        target=args.target,
+        bulk_size=args.bulk_size,
+        silent_seconds=args.silent_seconds,
+        oracle_watch_list=args.oracle_watch_list,
+    )
+    async with DifferentialHarness(
+        plane=env.plane,
+        oracle_binary=env.oracle_binary,
+        work_dir=env.work_dir,
+        config=config,
+        kwok=env.kwok,
+        kwok_unavailable=env.kwok_unavailable,
+        log=_say,
+    ) as harness:
+        try:
+            if args.plan == "ci":
+                return await harness.run(ci_plan(random.Random(args.seed)))
+            return await harness.run_for(args.seconds)
+        finally:
+            print(harness.stats.report(), flush=True)
+
+
+def main() -> int:
+    args = _arguments()
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="miles-soak-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(
+        f"soak: seed {args.seed}, plan {args.plan}, "
+        + (f"{args.seconds:.0f}s, " if args.plan == "random" else "")
+        + f"clients on the {args.target} apiserver; logs in {work_dir}",
+        flush=True,
+    )
+    settings = EnvSettings.from_env()
+    try:
+        binaries = ensure_binaries(settings=settings, log=_say)
+        with (
+            logs_to(work_dir / "runtime.log"),
+            differential_environment(
+                binaries=binaries, settings=settings, work_dir=work_dir, log=_say
+            ) as env,
+        ):
+            asyncio.run(_run(env, args))
+    except DivergenceError as err:
+        print(f"soak: DIVERGENCE\n{err}", flush=True)
+        return 1
+    except (HarnessAborted, K8sTestEnvError) as err:
+        print(f"soak: ABORTED, the comparison could not be made: {err}", flush=True)
+        return 2
+    print(f"soak: done in {time.monotonic() - started:.0f}s wall time", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

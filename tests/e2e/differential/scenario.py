@@ -1,0 +1,66 @@
+"""What a differential run does: the operations and faults, and the seeded order of them.
+
+Go counterpart: none (test-side). `ci_plan` is the bounded scenario CI runs on every submission;
+`soak_step` draws the steps of `bench/soak.py`.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+
+_BULK_EVERY = 20
+
+
+class OpKind(enum.StrEnum):
+    CREATE = "create"
+    STATUS = "status-update"
+    RELABEL = "label-update"
+    MOVE = "move-parent"
+    LEAVE = "leave-selector"
+    REENTER = "reenter-selector"
+    ORPHAN = "drop-parent-label"
+    ADOPT = "restore-parent-label"
+    DELETE_GRACEFUL = "graceful-delete"
+    DELETE_NOW = "immediate-delete"
+    BULK_CHURN = "bulk-churn"
+
+
+class FaultKind(enum.StrEnum):
+    APISERVER_RESTART = "apiserver-restart"
+    COMPACT_410 = "compaction-410"
+    ETCD_RESTART = "etcd-stop-start"
+    CUT_MID_FRAME = "cut-mid-frame"
+    SILENT = "silent-connection"
+    RECONCILE_SLOW = "reconcile-slow"
+    RECONCILE_RAISES = "reconcile-raises"
+
+
+Step = OpKind | FaultKind
+
+
+def ci_plan(rng: random.Random) -> list[Step]:
+    """Every operation and every fault at least once, in a seeded order, bulk churn included."""
+    ops: list[Step] = [kind for kind in OpKind if kind is not OpKind.CREATE]
+    ops += [OpKind.CREATE, OpKind.MOVE, OpKind.RELABEL, OpKind.LEAVE, OpKind.REENTER]
+    faults: list[Step] = list(FaultKind)
+    rng.shuffle(ops)
+    rng.shuffle(faults)
+    plan: list[Step] = [OpKind.CREATE]
+    while ops or faults:
+        plan.append(ops.pop() if ops and (not faults or rng.random() < 0.6) else faults.pop())
+    for first, then in ((OpKind.LEAVE, OpKind.REENTER), (OpKind.ORPHAN, OpKind.ADOPT)):
+        i, j = plan.index(first), plan.index(then)
+        if j < i:
+            plan[i], plan[j] = then, first
+    return plan
+
+
+def soak_step(rng: random.Random, index: int) -> Step:
+    """Step `index` of a soak: bulk churn every `_BULK_EVERY` steps, else a fault a quarter of
+    the time and an operation otherwise."""
+    if index % _BULK_EVERY == 0:
+        return OpKind.BULK_CHURN
+    if rng.random() < 0.25:
+        return rng.choice(list(FaultKind))
+    return rng.choice([kind for kind in OpKind if kind is not OpKind.BULK_CHURN])

@@ -1,0 +1,70 @@
+"""What a differential run counts and prints. Go counterpart: none (test-side)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tests.e2e.differential.scenario import FaultKind
+
+
+@dataclass
+class Convergence:
+    """Seconds from a fault being healed to each view matching the fresh LIST for good;
+    `reconciled` is when, in addition, every parent's last reconcile had read its final members."""
+
+    ours: float
+    client_go: float
+    reconciled: float
+
+
+@dataclass
+class Stats:
+    ops: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    skipped: dict[str, str] = field(default_factory=dict)
+    checkpoints: int = 0
+    divergences: int = 0
+    our_lists: int = 0
+    oracle_lists: int = 0
+    our_relists: Counter[str] = field(default_factory=Counter)
+    oracle_relists: Counter[str] = field(default_factory=Counter)
+    convergence: dict[str, list[Convergence]] = field(default_factory=dict)
+
+    def report(self) -> str:
+        lines = [
+            f"operations applied: {sum(self.ops.values())}  "
+            + ", ".join(f"{k}={v}" for k, v in sorted(self.ops.items())),
+            f"faults injected:    {sum(self.faults.values())}  "
+            + ", ".join(f"{k}={v}" for k, v in sorted(self.faults.items())),
+            f"checkpoints compared: {self.checkpoints}",
+            f"divergences: {self.divergences}",
+            f"relists (LISTs after the initial one): ours {max(0, self.our_lists - 1)}, "
+            f"client-go {max(0, self.oracle_lists - 1)}",
+            "convergence after each fault kind: seconds from healed until the store equals a fresh"
+            " LIST for good, median / worst (one poll is about 0.1 s); `reconciled` also waits for"
+            " every parent's last reconcile to have read its final members",
+            f"  {'fault':<20} {'n':>3}  {'ours':>13}  {'client-go':>13}  {'ours reconciled':>15}"
+            f"  {'relists ours/go':>15}",
+        ]
+        for kind in FaultKind:
+            samples = self.convergence.get(kind, [])
+            if not samples:
+                continue
+            ours = _med_max([s.ours for s in samples])
+            go = _med_max([s.client_go for s in samples])
+            reconciled = _med_max([s.reconciled for s in samples])
+            relists = f"{self.our_relists[kind]}/{self.oracle_relists[kind]}"
+            lines.append(
+                f"  {kind.value:<20} {len(samples):>3}  {ours:>13}  {go:>13}  {reconciled:>15}"
+                f"  {relists:>15}"
+            )
+        for what, reason in sorted(self.skipped.items()):
+            lines.append(f"skipped {what}: {reason}")
+        return "\n".join(lines)
+
+
+def _med_max(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f} / {max(values):.2f}"
