@@ -4,8 +4,8 @@
 //
 //	{"resourceVersion": "<LastSyncResourceVersion>", "lists": N, "pods": [{"name", "uid", "resourceVersion", "labels"}, ...]}
 //
-// with pods sorted by name and N the number of LIST requests made so far (a paginated LIST counts
-// once). It exits when stdin closes. The WatchListClient feature is off unless --watch-list is set,
+// with pods sorted by name and N the number of listings made so far: LIST requests (a paginated
+// LIST counts once) and, with --watch-list, watch-list streams. It exits when stdin closes. The WatchListClient feature is off unless --watch-list is set,
 // so by default the Reflector does LIST then WATCH.
 package main
 
@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -103,6 +104,13 @@ func countingListWatch(
 			lists.Add(1)
 		}
 		return list(ctx, o)
+	}
+	openWatch := lw.WatchFuncWithContext
+	lw.WatchFuncWithContext = func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+		if o.SendInitialEvents != nil && *o.SendInitialEvents {
+			lists.Add(1) // a watch-list stream is this client's listing
+		}
+		return openWatch(ctx, o)
 	}
 	return lw
 }
