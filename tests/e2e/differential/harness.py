@@ -28,15 +28,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
-    Sequence,
-)
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +38,7 @@ from urllib.parse import urlsplit
 from miles.utils.k8s_testenv import ApiServerName, ControlPlane, FaultUnsupportedError, api_client
 from miles.utils.k8s_testenv.kwok import Kwok
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
-from miles.utils.workers.reconcile.k8s_api import (
-    KubernetesAsyncioPodApi,
-    KubernetesPodApi,
-    PodListPage,
-    PodWatchEvent,
-)
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
@@ -59,6 +46,7 @@ from tests.e2e.differential.oracle_client import OracleError, OracleProcess
 from tests.e2e.differential.scenario import FaultKind, OpKind, Step, soak_step
 from tests.e2e.differential.stats import Convergence, Stats
 from tests.e2e.differential.views import Comparison, PodRow, View, view_of
+from tests.e2e.pod_api_recorder import RecordingPodApi
 
 logger = logging.getLogger(__name__)
 
@@ -122,45 +110,6 @@ def parent_of(labels: Mapping[str, str]) -> str | None:
     return labels.get(PARENT_LABEL)
 
 
-class CountingPodApi:
-    """A `KubernetesPodApi` delegate that counts our full LISTs (the first is the initial sync);
-    a LIST at a cursor with a limit is the reflector's cursor probe, counted apart."""
-
-    def __init__(self, inner: KubernetesPodApi) -> None:
-        self._inner = inner
-        self.lists = 0
-        self.probes = 0
-
-    async def list_pods(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        resource_version: str | None = None,
-        limit: int | None = None,
-    ) -> PodListPage:
-        if resource_version is None and limit is None:
-            self.lists += 1
-        else:
-            self.probes += 1
-        return await self._inner.list_pods(
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            limit=limit,
-        )
-
-    def stream_pods(
-        self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
-    ) -> AsyncIterator[PodWatchEvent]:
-        return self._inner.stream_pods(
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-        )
-
-
 def _read_kubeconfig(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -222,7 +171,7 @@ class DifferentialHarness:
         self._proxy: TcpProxy | None = None
         self._oracle: OracleProcess | None = None
         self._loop: ReconcileLoop | None = None
-        self._our_api: CountingPodApi | None = None
+        self._our_api: RecordingPodApi | None = None
         self._core: Any = None
         self._reconciled: dict[str, dict[str, PodRow]] = {}
         self._reconcile_delay = 0.0
@@ -277,7 +226,7 @@ class DifferentialHarness:
             )
         )
         our_api = await self._stack.enter_async_context(api_client(proxied))
-        self._our_api = CountingPodApi(
+        self._our_api = RecordingPodApi(
             KubernetesAsyncioPodApi(
                 core_v1_api=client.CoreV1Api(our_api),
                 connect_timeout=3.0,
@@ -480,7 +429,7 @@ class DifferentialHarness:
         return view
 
     def _relist_counts(self) -> tuple[int, int]:
-        self.stats.our_lists = self._our_api.lists if self._our_api is not None else 0
+        self.stats.our_lists = self._our_api.list_attempts if self._our_api is not None else 0
         self.stats.oracle_lists = self._oracle_lists
         return self.stats.our_lists, self.stats.oracle_lists
 

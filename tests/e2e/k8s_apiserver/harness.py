@@ -1,11 +1,8 @@
 """Layer: real apiserver, no kubelet. Shared helpers for the runtime tests of this layer.
 
-- `RecordingPodApi`: a `KubernetesPodApi` delegate that logs every consistent LIST page and watch
-  frame in the order the runtime received them, every WATCH it opened (its cursor, frames, timing,
-  failure), and, apart, every cursor probe (a LIST carrying a resourceVersion, which never feeds
-  the store).
-- `replay_members`: folds that log into what the store must hold for a parent after a prefix of it,
-  so a test can check each reconcile against exactly the events that preceded it.
+- `replay_members`: folds the log of a `RecordingPodApi` (`tests/e2e/pod_api_recorder.py`) into
+  what the store must hold for a parent after a prefix of it, so a test can check each reconcile
+  against exactly the events that preceded it.
 - `Cells`: a `ReconcileLoop` over a `KubernetesReflector` on a recording api, keyed by `CELL_LABEL`,
   recording every reconcile with the members it read and how much of the log had arrived.
 - `eventually`: a bounded wait on a polled condition that fails naming what it awaited.
@@ -17,18 +14,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from miles.utils.workers.reconcile.k8s_api import (
-    KubernetesAsyncioPodApi,
-    KubernetesPodApi,
-    PodListPage,
-    PodWatchEvent,
-)
+from miles.utils.workers.reconcile.k8s_api import PodListPage
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
+from tests.e2e.pod_api_recorder import LogEntry, RecordingPodApi
 
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/selected"
@@ -40,7 +33,6 @@ FUTURE_OFFSET = 10_000_000
 """Added to the current resourceVersion: a cursor etcd will not reach during a test."""
 
 T = TypeVar("T")
-LogEntry = PodListPage | PodWatchEvent
 
 
 async def eventually(
@@ -60,21 +52,6 @@ async def eventually(
             detail = f"; {context()}" if context is not None else ""
             raise AssertionError(f"timed out after {within:.0f}s waiting for {what}{detail}")
         await asyncio.sleep(POLL_SECONDS)
-
-
-async def aclose(stream: AsyncIterator[Any]) -> None:
-    """Closes an async generator typed as a plain `AsyncIterator` (as `stream_pods` is)."""
-    close = getattr(stream, "aclose", None)
-    if close is not None:
-        await close()
-
-
-@asynccontextmanager
-async def closing(stream: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
-    try:
-        yield stream
-    finally:
-        await aclose(stream)
 
 
 async def open_namespaced_pod_watches(api_client: Any) -> int:
@@ -146,127 +123,6 @@ class ForgedCursorCoreV1:
 
 def cell_of(pod: Pod) -> str | None:
     return pod.metadata.labels.get(CELL_LABEL)
-
-
-@dataclass
-class WatchCall:
-    """One `stream_pods` call: the cursor it opened from, what it yielded, and how it ended."""
-
-    resource_version: str
-    opened_at: float
-    frames: list[PodWatchEvent] = field(default_factory=list)
-    ended_at: float | None = None
-    failure: BaseException | None = None
-
-    @property
-    def last_cursor(self) -> str:
-        """The cursor a re-watch after this one should open from."""
-        seen = [f.resource_version for f in self.frames if f.resource_version]
-        return seen[-1] if seen else self.resource_version
-
-
-@dataclass
-class ProbeCall:
-    """One cursor probe: a LIST from `resource_version`, and its page or its failure."""
-
-    resource_version: str
-    limit: int | None
-    opened_at: float
-    page: PodListPage | None = None
-    failure: BaseException | None = None
-
-
-class RecordingPodApi:
-    """A `KubernetesPodApi` delegate. `lists` holds the consistent LISTs (the initial sync, then
-    one per relist) and `log` those pages and every frame, in arrival order; `probes` holds the
-    LISTs that carried a resourceVersion (cursor probes), which are neither relists nor logged."""
-
-    def __init__(self, inner: KubernetesPodApi) -> None:
-        self._inner = inner
-        self.lists: list[PodListPage] = []
-        self.probes: list[ProbeCall] = []
-        self.watches: list[WatchCall] = []
-        self.log: list[LogEntry] = []
-
-    @classmethod
-    def over(cls, core_v1_api: Any) -> RecordingPodApi:
-        return cls(KubernetesAsyncioPodApi(core_v1_api=core_v1_api))
-
-    async def list_pods(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        resource_version: str | None = None,
-        limit: int | None = None,
-    ) -> PodListPage:
-        if resource_version is not None:
-            return await self._probe(namespace, label_selector, resource_version, limit)
-        page = await self._inner.list_pods(
-            namespace=namespace, label_selector=label_selector, limit=limit
-        )
-        self.lists.append(page)
-        self.log.append(page)
-        return page
-
-    async def _probe(
-        self, namespace: str, label_selector: str, resource_version: str, limit: int | None
-    ) -> PodListPage:
-        call = ProbeCall(resource_version, limit, opened_at=time.monotonic())
-        self.probes.append(call)
-        try:
-            call.page = await self._inner.list_pods(
-                namespace=namespace,
-                label_selector=label_selector,
-                resource_version=resource_version,
-                limit=limit,
-            )
-        except BaseException as err:
-            call.failure = err
-            raise
-        return call.page
-
-    async def stream_pods(
-        self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
-    ) -> AsyncIterator[PodWatchEvent]:
-        call = WatchCall(resource_version, opened_at=time.monotonic())
-        self.watches.append(call)
-        stream = self._inner.stream_pods(
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-        )
-        try:
-            async with closing(stream) as frames:
-                async for frame in frames:
-                    call.frames.append(frame)
-                    self.log.append(frame)
-                    yield frame
-        except BaseException as err:
-            call.failure = err
-            raise
-        finally:
-            call.ended_at = time.monotonic()
-
-    def pod_frames(self, name: str) -> list[PodWatchEvent]:
-        return [
-            frame
-            for call in self.watches
-            for frame in call.frames
-            if frame.pod is not None and frame.pod.metadata.name == name
-        ]
-
-    def cursor_rejections(self) -> list[PodWatchEvent]:
-        return [f for call in self.watches for f in call.frames if f.rejects_cursor]
-
-    def describe(self) -> str:
-        watches = [
-            f"(rv={w.resource_version} frames={[f.type for f in w.frames]} failure={w.failure!r})"
-            for w in self.watches
-        ]
-        probes = [f"(rv={p.resource_version} failure={p.failure!r})" for p in self.probes]
-        return f"LISTs={len(self.lists)} probes={probes} WATCHes={watches}"
 
 
 Members = dict[str, str]

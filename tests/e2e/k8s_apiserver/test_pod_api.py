@@ -29,12 +29,11 @@ from tests.e2e.k8s_apiserver.harness import (
     SELECTOR,
     WAIT_SECONDS,
     ForgedCursorCoreV1,
-    aclose,
-    closing,
     future_cursor,
     open_namespaced_pod_watches,
     pod_manifest,
 )
+from tests.e2e.pod_api_recorder import aclose, closing
 
 pytestmark = pytest.mark.k8s_apiserver
 

@@ -30,11 +30,11 @@ from tests.e2e.k8s_apiserver.harness import (
     SELECTOR,
     Cells,
     ForgedCursorCoreV1,
-    RecordingPodApi,
     create_pod,
     eventually,
     future_cursor,
 )
+from tests.e2e.pod_api_recorder import RecordingPodApi
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -185,7 +185,7 @@ async def test_real_too_large_resource_version_costs_exactly_one_relist(
         core = client.CoreV1Api(api)
         await create_pod(core, k8s_namespace, "a-0", cell="a")
         forged = ForgedCursorCoreV1(core, await future_cursor(core, k8s_namespace), on_watch=True)
-        recording = RecordingPodApi(KubernetesAsyncioPodApi(core_v1_api=forged))
+        recording = RecordingPodApi.over(forged)
         async with Cells.running(core_v1=core, namespace=k8s_namespace, api=recording) as cells:
             await eventually(
                 lambda: len(cells.api.lists) == 2,

@@ -7,90 +7,21 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import api_client
 from miles.utils.k8s_testenv.kubelet import KubeletLayer, create_namespace
-from miles.utils.workers.reconcile.k8s_api import (
-    KubernetesAsyncioPodApi,
-    PodListPage,
-    PodWatchEvent,
-)
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
+from tests.e2e.pod_api_recorder import RecordingPodApi
 
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/e2e"
 SELECTED = "kubelet-layer"
-
-
-@dataclass
-class WatchCall:
-    """One `stream_pods` call: the cursor it opened from and every event it yielded."""
-
-    resource_version: str
-    events: list[PodWatchEvent] = field(default_factory=list)
-
-
-class RecordingPodApi:
-    """A `KubernetesPodApi` delegate recording each WATCH and its events, the consistent LISTs in
-    `lists` (the initial sync, then one per relist) and, apart in `probes`, the cursor of each
-    LIST that carried a resourceVersion (a cursor probe, which never feeds the store)."""
-
-    def __init__(self, inner: KubernetesAsyncioPodApi) -> None:
-        self._inner = inner
-        self.lists: list[PodListPage] = []
-        self.probes: list[str] = []
-        self.watches: list[WatchCall] = []
-
-    async def list_pods(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        resource_version: str | None = None,
-        limit: int | None = None,
-    ) -> PodListPage:
-        if resource_version is not None:
-            self.probes.append(resource_version)
-        page = await self._inner.list_pods(
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            limit=limit,
-        )
-        if resource_version is None:
-            self.lists.append(page)
-        return page
-
-    async def stream_pods(
-        self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
-    ) -> AsyncIterator[PodWatchEvent]:
-        call = WatchCall(resource_version)
-        self.watches.append(call)
-        stream = self._inner.stream_pods(
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-        )
-        async with aclosing(stream) as events:  # type: ignore[type-var]
-            async for event in events:
-                call.events.append(event)
-                yield event
-
-    def events_for(self, name: str) -> list[PodWatchEvent]:
-        return [
-            event
-            for call in self.watches
-            for event in call.events
-            if event.pod is not None and event.pod.metadata.name == name
-        ]
 
 
 @dataclass(frozen=True)
@@ -119,7 +50,7 @@ class CellHarness:
         self.layer = layer
         self.core_v1 = core_v1
         self.namespace = namespace
-        self.api = RecordingPodApi(KubernetesAsyncioPodApi(core_v1_api=core_v1))
+        self.api = RecordingPodApi.over(core_v1)
         self.reconciled: list[Reconciled] = []
         self._loop: ReconcileLoop | None = None
 

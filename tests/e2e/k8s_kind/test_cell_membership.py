@@ -89,7 +89,7 @@ async def test_restarts_arrive_over_the_watch_without_a_relist(
         )
         watched = [
             e.pod.status.container_statuses[0].restart_count
-            for e in cells.api.events_for("a-0")
+            for e in cells.api.pod_frames("a-0")
             if e.type == "MODIFIED" and e.pod is not None and e.pod.status.container_statuses
         ]
         assert watched == sorted(watched), watched
@@ -130,7 +130,7 @@ async def test_gracefully_terminating_pod_stays_a_member_until_deleted(
         ]
         assert terminating, "no reconcile saw a-0 terminating"
         assert cells.member_names("a") == {"a-1"}
-        types = [e.type for e in cells.api.events_for("a-0")]
+        types = [e.type for e in cells.api.pod_frames("a-0")]
         assert types[-1] == "DELETED", types
         assert len(cells.api.lists) == 1, "a-0 must leave on DELETED, not through a relist"
 
@@ -195,7 +195,7 @@ async def test_bookmark_advances_the_cursor_and_the_next_watch_opens_from_it(
         def bookmark_followed_by_a_watch() -> tuple[str, str] | None:
             calls = cells.api.watches
             for call, following in itertools.pairwise(calls):
-                last = call.events[-1] if call.events else None
+                last = call.frames[-1] if call.frames else None
                 if _bookmark_at_or_past(last, written):
                     assert last is not None
                     assert last.resource_version is not None
@@ -207,7 +207,7 @@ async def test_bookmark_advances_the_cursor_and_the_next_watch_opens_from_it(
             what=f"a BOOKMARK at or past resourceVersion {written}, then a new watch",
             timeout_seconds=EVENT_SECONDS,
             seen=lambda: [
-                (c.resource_version, [(e.type, e.resource_version) for e in c.events])
+                (c.resource_version, [(e.type, e.resource_version) for e in c.frames])
                 for c in cells.api.watches
             ],
         )
@@ -263,4 +263,4 @@ def _deleting(members: tuple[Pod, ...], name: str) -> bool:
 
 
 def _all_events(cells: CellHarness) -> list[PodWatchEvent]:
-    return [event for call in cells.api.watches for event in call.events]
+    return [event for call in cells.api.watches for event in call.frames]

@@ -1,0 +1,165 @@
+"""A recording `KubernetesPodApi` delegate, shared by the e2e harnesses. Go counterpart: none
+(test-side).
+
+`RecordingPodApi` logs every consistent LIST page and watch frame in the order the runtime received
+them, every WATCH it opened (its cursor, frames, timing, failure), every consistent LIST it
+attempted, and, apart, every cursor probe (a LIST carrying a resourceVersion, which never feeds the
+store).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from miles.utils.workers.reconcile.k8s_api import (
+    KubernetesAsyncioPodApi,
+    KubernetesPodApi,
+    PodListPage,
+    PodWatchEvent,
+)
+
+T = TypeVar("T")
+LogEntry = PodListPage | PodWatchEvent
+
+
+async def aclose(stream: AsyncIterator[Any]) -> None:
+    """Closes an async generator typed as a plain `AsyncIterator` (as `stream_pods` is)."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
+
+
+@asynccontextmanager
+async def closing(stream: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+    try:
+        yield stream
+    finally:
+        await aclose(stream)
+
+
+@dataclass
+class WatchCall:
+    """One `stream_pods` call: the cursor it opened from, what it yielded, and how it ended."""
+
+    resource_version: str
+    opened_at: float
+    frames: list[PodWatchEvent] = field(default_factory=list)
+    ended_at: float | None = None
+    failure: BaseException | None = None
+
+    @property
+    def last_cursor(self) -> str:
+        """The cursor a re-watch after this one should open from."""
+        seen = [f.resource_version for f in self.frames if f.resource_version]
+        return seen[-1] if seen else self.resource_version
+
+
+@dataclass
+class ProbeCall:
+    """One cursor probe: a LIST from `resource_version`, and its page or its failure."""
+
+    resource_version: str
+    limit: int | None
+    opened_at: float
+    page: PodListPage | None = None
+    failure: BaseException | None = None
+
+
+class RecordingPodApi:
+    """A `KubernetesPodApi` delegate. `lists` holds the consistent LISTs that succeeded (the initial
+    sync, then one per relist) and `log` those pages and every frame, in arrival order;
+    `list_attempts` counts the consistent LISTs sent, failed ones included; `probes` holds the
+    LISTs that carried a resourceVersion (cursor probes), which are neither relists nor logged."""
+
+    def __init__(self, inner: KubernetesPodApi) -> None:
+        self._inner = inner
+        self.lists: list[PodListPage] = []
+        self.list_attempts = 0
+        self.probes: list[ProbeCall] = []
+        self.watches: list[WatchCall] = []
+        self.log: list[LogEntry] = []
+
+    @classmethod
+    def over(cls, core_v1_api: Any) -> RecordingPodApi:
+        return cls(KubernetesAsyncioPodApi(core_v1_api=core_v1_api))
+
+    async def list_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+    ) -> PodListPage:
+        if resource_version is not None:
+            return await self._probe(namespace, label_selector, resource_version, limit)
+        self.list_attempts += 1
+        page = await self._inner.list_pods(
+            namespace=namespace, label_selector=label_selector, limit=limit
+        )
+        self.lists.append(page)
+        self.log.append(page)
+        return page
+
+    async def _probe(
+        self, namespace: str, label_selector: str, resource_version: str, limit: int | None
+    ) -> PodListPage:
+        call = ProbeCall(resource_version, limit, opened_at=time.monotonic())
+        self.probes.append(call)
+        try:
+            call.page = await self._inner.list_pods(
+                namespace=namespace,
+                label_selector=label_selector,
+                resource_version=resource_version,
+                limit=limit,
+            )
+        except BaseException as err:
+            call.failure = err
+            raise
+        return call.page
+
+    async def stream_pods(
+        self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[PodWatchEvent]:
+        call = WatchCall(resource_version, opened_at=time.monotonic())
+        self.watches.append(call)
+        stream = self._inner.stream_pods(
+            namespace=namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+        )
+        try:
+            async with closing(stream) as frames:
+                async for frame in frames:
+                    call.frames.append(frame)
+                    self.log.append(frame)
+                    yield frame
+        except BaseException as err:
+            call.failure = err
+            raise
+        finally:
+            call.ended_at = time.monotonic()
+
+    def pod_frames(self, name: str) -> list[PodWatchEvent]:
+        return [
+            frame
+            for call in self.watches
+            for frame in call.frames
+            if frame.pod is not None and frame.pod.metadata.name == name
+        ]
+
+    def cursor_rejections(self) -> list[PodWatchEvent]:
+        return [f for call in self.watches for f in call.frames if f.rejects_cursor]
+
+    def describe(self) -> str:
+        watches = [
+            f"(rv={w.resource_version} frames={[f.type for f in w.frames]} failure={w.failure!r})"
+            for w in self.watches
+        ]
+        probes = [f"(rv={p.resource_version} failure={p.failure!r})" for p in self.probes]
+        return f"LISTs={len(self.lists)} probes={probes} WATCHes={watches}"
