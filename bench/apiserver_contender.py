@@ -1,0 +1,277 @@
+"""One Python contender of ``bench/apiserver.py`` in its own process: ours, or kubernetes_asyncio.
+
+Go counterpart: the client-go oracle (``tools/k8s/oracle``) plays the same part for Go.
+
+Both contenders run the same ``ReconcileLoop`` (key map: the parent label) and the same recording
+reconcile; only the source differs: ``KubernetesReflector`` over ``KubernetesAsyncioPodApi``
+(ours) or ``KubernetesAsyncioModelReflector`` (``V1Pod`` models). ``ours_gc`` and ``ours_paged`` are
+ours with a fix of ``bench/apiserver_whatif.py`` applied before the clock starts. Protocol, one
+JSON line each:
+
+1. ``synced``: once the store holds every pod and every parent has been reconciled once, with the
+   start stamp (before the API client is built), the synced stamp, and RSS before and after;
+2. on ``mark`` (the writer is about to start): ``marked``, the CPU clock reset;
+3. on ``drain <rv>``: once an event with resourceVersion >= rv has been applied (or after
+   ``--drain-timeout``), ``drained`` with every applied (rv, stamp), every dispatch latency, and the
+   CPU seconds used since ``mark``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import ctypes
+import gc
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes_asyncio.client
+import kubernetes_asyncio.config
+import kubernetes_asyncio.watch  # noqa: F401  (imported before the clock starts, as Go's init)
+
+from bench.apiserver_ka_reflector import KubernetesAsyncioModelReflector
+from bench.apiserver_proc import (
+    NAMESPACE,
+    PARENT_LABEL,
+    SELECTOR,
+    cpu_seconds,
+    emit,
+    read_command,
+    rss_bytes,
+)
+from bench.apiserver_whatif import apply
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.source_event import (
+    DeleteEvent,
+    ParentKey,
+    ReplaceEvent,
+    SourceEvent,
+    SourceWatchFn,
+    UpsertEvent,
+)
+
+CONTENDERS = ("ours", "ka", "ours_gc", "ours_paged")
+
+
+def parent_of(pod: Any) -> ParentKey | None:
+    labels = pod.metadata.labels
+    return labels.get(PARENT_LABEL) if labels else None
+
+
+class Recorder:
+    """Stamps each event once the store has applied it, and each reconcile of a parent that had
+    events pending."""
+
+    def __init__(self, *, parents: int) -> None:
+        self.stored = 0
+        self.applied: list[tuple[int, float]] = []
+        self.dispatch: list[float] = []
+        self.max_rv = 0
+        self._parents = parents
+        self._reconciled: set[ParentKey] = set()
+        self._pending: defaultdict[ParentKey, list[float]] = defaultdict(list)
+        self.all_reconciled = asyncio.Event()
+        self.progress = asyncio.Event()
+
+    def wrap(self, source: SourceWatchFn) -> SourceWatchFn:
+        async def recorded() -> AsyncIterator[SourceEvent]:
+            async for event in source():
+                yield event
+                self._note_applied(event)
+
+        return recorded
+
+    def _note_applied(self, event: SourceEvent) -> None:
+        now = time.monotonic()
+        if isinstance(event, ReplaceEvent):
+            self.stored = len(event.objects)
+            return
+        obj = event.obj if isinstance(event, UpsertEvent) else event.last_obj
+        rv = int(obj.metadata.resource_version)
+        self.applied.append((rv, now))
+        self.max_rv = max(self.max_rv, rv)
+        self.stored += isinstance(event, UpsertEvent) - isinstance(event, DeleteEvent)
+        parent = parent_of(obj)
+        if parent is not None:
+            self._pending[parent].append(now)
+        self.progress.set()
+
+    def reconciler(self, members: Callable[[ParentKey], list[Any]]) -> Any:
+        async def reconcile(parent: ParentKey) -> None:
+            now = time.monotonic()
+            members(parent)
+            stamps = self._pending.pop(parent, None)
+            if stamps:
+                self.dispatch.extend(now - stamp for stamp in stamps)
+            if not self.all_reconciled.is_set():
+                self._reconciled.add(parent)
+                if len(self._reconciled) >= self._parents:
+                    self.all_reconciled.set()
+
+        return reconcile
+
+    def reset(self) -> None:
+        self.applied.clear()
+        self.dispatch.clear()
+
+    async def wait_for_rv(self, rv: int, within: float) -> None:
+        deadline = time.monotonic() + within
+        while self.max_rv < rv and (left := deadline - time.monotonic()) > 0:
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), left)
+            except TimeoutError:
+                return
+
+
+def build_source(name: str, api_client: Any) -> SourceWatchFn:
+    from kubernetes_asyncio import client
+
+    core = client.CoreV1Api(api_client)
+    if name.startswith("ours"):
+        return KubernetesReflector(
+            kube_client=KubernetesAsyncioPodApi(core_v1_api=core),
+            namespace=NAMESPACE,
+            label_selector=SELECTOR,
+        ).watch
+    return KubernetesAsyncioModelReflector(
+        core_v1_api=core, namespace=NAMESPACE, label_selector=SELECTOR
+    ).watch
+
+
+class Profiler:
+    """cProfile around the sync phase and the watch phase, one pstats file each (if asked).
+
+    It counts this process's CPU time, not wall time: on a shared two-core machine a wall-clock
+    profile charges to whatever call was running the time the process spent waiting for a core.
+    """
+
+    def __init__(self, prefix: str | None) -> None:
+        self._prefix = prefix
+        self._profile: cProfile.Profile | None = None
+
+    def start(self) -> None:
+        if self._prefix is not None:
+            self._profile = cProfile.Profile(time.process_time)
+            self._profile.enable()
+
+    def dump(self, phase: str) -> None:
+        if self._profile is not None and self._prefix is not None:
+            self._profile.disable()
+            self._profile.dump_stats(f"{self._prefix}.{phase}.prof")
+            self._profile = None
+
+
+class CollectorPauses:
+    """Every pause of the cyclic garbage collector, as (generation, seconds)."""
+
+    def __init__(self) -> None:
+        self._pauses: list[tuple[int, float]] = []
+        self._started = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._pauses.append((info["generation"], time.perf_counter() - self._started))
+
+    def take(self) -> list[tuple[int, float]]:
+        taken, self._pauses = self._pauses, []
+        return taken
+
+
+def trimmed_rss() -> int:
+    """RSS once garbage is collected and glibc has returned its free pages: what stays."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_bytes()
+
+
+async def run(args: argparse.Namespace) -> None:
+    from miles.utils.k8s_testenv.client import api_client
+
+    profiler = Profiler(args.profile)
+    after_sync = apply(args.contender.removeprefix("ours_")) if "_" in args.contender else None
+    pauses = CollectorPauses()
+    gc.collect()
+    rss_before = rss_bytes()
+    started = time.monotonic()
+    cpu_at_start = cpu_seconds()
+    profiler.start()
+    recorder = Recorder(parents=args.parents)
+    async with api_client(Path(args.kubeconfig)) as api:
+        loop = ReconcileLoop(
+            source=recorder.wrap(build_source(args.contender, api)),
+            reconcile=recorder.reconciler(lambda parent: loop.get_by_parent(parent)),
+            key_map=parent_of,
+        )
+        async with loop:
+            await recorder.all_reconciled.wait()
+            synced = time.monotonic()
+            profiler.dump("sync")
+            if after_sync is not None:
+                after_sync()
+            emit(
+                {
+                    "phase": "synced",
+                    "started": started,
+                    "synced": synced,
+                    "sync_cpu": cpu_seconds() - cpu_at_start,
+                    "rss_before": rss_before,
+                    "rss_after": rss_bytes(),
+                    "rss_trimmed": trimmed_rss(),
+                    "pods": recorder.stored,
+                    "gc_pauses": pauses.take(),
+                }
+            )
+            await follow_commands(recorder, profiler, pauses, args)
+
+
+async def follow_commands(
+    recorder: Recorder, profiler: Profiler, pauses: CollectorPauses, args: argparse.Namespace
+) -> None:
+    cpu_at_mark = cpu_seconds()
+    while True:
+        command, *rest = (await read_command()).split()
+        if command == "mark":
+            recorder.reset()
+            pauses.take()
+            cpu_at_mark = cpu_seconds()
+            profiler.start()
+            emit({"phase": "marked"})
+        elif command == "drain":
+            await recorder.wait_for_rv(int(rest[0]), args.drain_timeout)
+            profiler.dump("watch")
+            emit(
+                {
+                    "phase": "drained",
+                    "applied": recorder.applied,
+                    "dispatch": recorder.dispatch,
+                    "cpu": cpu_seconds() - cpu_at_mark,
+                    "gc_pauses": pauses.take(),
+                    "rss": rss_bytes(),
+                }
+            )
+        elif command == "quit":
+            return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--contender", choices=CONTENDERS, required=True)
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--parents", type=int, required=True)
+    parser.add_argument("--drain-timeout", type=float, default=60.0)
+    parser.add_argument("--profile", default=None, help="pstats path prefix")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""What the processes of ``bench/apiserver.py`` share: names, the JSON-line protocol, /proc reads.
+
+Go counterpart: none (benchmark plumbing). Every child process talks to the orchestrator in JSON
+lines on stdout and reads one-word commands on stdin; times are ``time.monotonic()``, which is one
+system-wide clock (CLOCK_MONOTONIC) on Linux, so stamps taken in different processes compare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+PARENT_LABEL = "miles.io/cell"
+SELECTOR = PARENT_LABEL
+NAMESPACE = "miles-bench-apiserver"
+WRITER_ANNOTATION = "bench.miles.io/seq"
+WRITER_LABEL = "bench.miles.io/gen"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_RV_PREFIX = re.compile(rb'"resourceVersion":"(\d+)"')
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident set size (``VmRSS``) of a process."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def cpu_seconds(pid: int | str = "self") -> float:
+    """User plus system CPU time of a process, all threads."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def first_resource_version(body: bytes) -> int:
+    """``metadata.resourceVersion`` of one object's JSON: Go writes it before any nested one."""
+    match = _RV_PREFIX.search(body, 0, 1024)
+    if match is not None:
+        return int(match.group(1))
+    return int(json.loads(body)["metadata"]["resourceVersion"])
+
+
+async def read_command() -> str:
+    """One line of this process's stdin, without blocking the event loop."""
+    line: str = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    if not line:
+        raise EOFError("the orchestrator closed stdin")
+    return line.strip()
+
+
+def child_argv(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", f"bench.{module}", *args]

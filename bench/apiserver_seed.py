@@ -1,0 +1,140 @@
+"""The apiserver state of ``bench/apiserver.py``: N realistic pods over P parents, made once.
+
+Go counterpart: none (fixture). Each pod is ``realistic_pod`` from the reconcile fakes: created
+with ``spec.nodeName`` set (there is no scheduler) and the volumes its mounts name, then given its
+full status through the ``status`` subresource, since a create resets status to ``Pending``. The
+server writes its own ``managedFields`` (two entries, as on a real cluster: the creator and the
+status writer), so the fixture's are dropped. ``--parallel`` requests are in flight at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.apiserver_proc import NAMESPACE, SELECTOR
+from tests.fast.utils.workers.reconcile.k8s_fakes import realistic_pod
+
+SERVER_OWNED_METADATA = ("uid", "resourceVersion", "creationTimestamp", "managedFields")
+VOLUMES = [
+    {"name": "models", "hostPath": {"path": "/models", "type": "Directory"}},
+    {
+        "name": "kube-api-access-x7k2p",
+        "projected": {
+            "defaultMode": 420,
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {
+                    "configMap": {
+                        "name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                    }
+                },
+            ],
+        },
+    },
+]
+
+
+def pod_name(index: int) -> str:
+    return f"engine-{index}"
+
+
+def parent_name(index: int, parents: int) -> str:
+    return f"cell-{index % parents}"
+
+
+def manifest(index: int, parents: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The create body and the status of pod ``index``."""
+    pod = realistic_pod(pod_name(index), parent_name(index, parents), namespace=NAMESPACE)
+    for field in SERVER_OWNED_METADATA:
+        pod["metadata"].pop(field, None)
+    pod["spec"]["volumes"] = VOLUMES
+    status = pod.pop("status")
+    return pod, status
+
+
+async def _check(resp: Any, what: str, *, tolerate: int = 0) -> None:
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if resp.status >= 300 and resp.status != tolerate:
+        raise RuntimeError(f"{what}: HTTP {resp.status}: {body[:500]!r}")
+
+
+async def ensure_namespace(core: Any) -> None:
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    try:
+        await core.create_namespace({"metadata": {"name": NAMESPACE}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
+async def count_pods(core: Any) -> int:
+    """A full LIST: a paged one served by the watch cache carries no ``remainingItemCount``."""
+    resp = await core.list_namespaced_pod(
+        NAMESPACE, label_selector=SELECTOR, _preload_content=False
+    )
+    try:
+        return len(json.loads(await resp.read())["items"])
+    finally:
+        resp.release()
+
+
+async def create_pods(
+    core: Any,
+    *,
+    pods: int,
+    parents: int,
+    parallel: int,
+    progress: Callable[[str], None],
+) -> float:
+    """Creates pods ``engine-0 .. engine-{pods-1}`` with status; returns the seconds it took."""
+    started = time.monotonic()
+    slots = asyncio.Semaphore(parallel)
+    done = 0
+
+    async def create(index: int) -> None:
+        nonlocal done
+        body, status = manifest(index, parents)
+        async with slots:
+            await _check(
+                await core.create_namespaced_pod(NAMESPACE, body, _preload_content=False),
+                f"create {body['metadata']['name']}",
+                tolerate=409,
+            )
+            await _check(
+                await core.patch_namespaced_pod_status(
+                    body["metadata"]["name"],
+                    NAMESPACE,
+                    {"status": status},
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                ),
+                f"status of {body['metadata']['name']}",
+            )
+        done += 1
+        if done % 2000 == 0:
+            progress(f"created {done}/{pods} pods in {time.monotonic() - started:.0f}s")
+
+    await asyncio.gather(*(create(index) for index in range(pods)))
+    return time.monotonic() - started
+
+
+async def mean_pod_bytes(core: Any) -> float:
+    """The mean size of a pod's JSON as the apiserver serves it, from one full LIST."""
+    resp = await core.list_namespaced_pod(
+        NAMESPACE, label_selector=SELECTOR, _preload_content=False
+    )
+    try:
+        items = json.loads(await resp.read())["items"]
+    finally:
+        resp.release()
+    sizes = [len(json.dumps(item, separators=(",", ":"))) for item in items]
+    return sum(sizes) / max(len(sizes), 1)

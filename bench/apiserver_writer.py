@@ -1,0 +1,98 @@
+"""The load of ``bench/apiserver.py``'s WATCH phase: pod patches as fast as the apiserver takes.
+
+Go counterpart: none (a load generator). Runs in its own process so it never shares an event loop
+with a contender. Prints ``ready``, waits for ``go`` on stdin, then keeps ``--concurrency`` merge
+patches in flight for ``--seconds``, each setting an annotation and a label of a random pod (never
+the parent label), and prints ``done`` with the stamp before the first patch and, per patch, the
+stamp of its acknowledgement and the resourceVersion it produced. The annotation's value is
+unique to this run and patch, so that no patch is a no-op (which would produce no event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.apiserver_proc import (
+    NAMESPACE,
+    WRITER_ANNOTATION,
+    WRITER_LABEL,
+    emit,
+    first_resource_version,
+    read_command,
+)
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class Writer:
+    def __init__(self, core_v1_api: Any, *, names: list[str], seconds: float, seed: int) -> None:
+        self._core = core_v1_api
+        self._names = names
+        self._seconds = seconds
+        self._rng = random.Random(seed)
+        self._seq = 0
+        self._run = f"{time.time_ns():x}"
+        self.acks: list[tuple[float, int]] = []
+        self.errors = 0
+
+    async def patch_until(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            self._seq += 1
+            body = {
+                "metadata": {
+                    "annotations": {WRITER_ANNOTATION: f"{self._run}-{self._seq}"},
+                    "labels": {WRITER_LABEL: str(self._seq % 7)},
+                }
+            }
+            resp = await self._core.patch_namespaced_pod(
+                self._rng.choice(self._names),
+                NAMESPACE,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+            try:
+                payload = await resp.read()
+            finally:
+                resp.release()
+            if resp.status == 200:
+                self.acks.append((time.monotonic(), first_resource_version(payload)))
+            else:
+                self.errors += 1
+
+
+async def run(args: argparse.Namespace) -> None:
+    from kubernetes_asyncio import client
+
+    from miles.utils.k8s_testenv.client import api_client
+
+    async with api_client(Path(args.kubeconfig)) as api:
+        core = client.CoreV1Api(api)
+        names = [f"engine-{index}" for index in range(args.pods)]
+        writer = Writer(core, names=names, seconds=args.seconds, seed=args.seed)
+        emit({"phase": "ready"})
+        if await read_command() != "go":
+            return
+        started = time.monotonic()
+        deadline = started + args.seconds
+        await asyncio.gather(*(writer.patch_until(deadline) for _ in range(args.concurrency)))
+        emit({"phase": "done", "started": started, "acks": writer.acks, "errors": writer.errors})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--pods", type=int, required=True)
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
