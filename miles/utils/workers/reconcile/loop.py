@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
@@ -59,7 +59,7 @@ class ReconcileLoop:
         self._driver = SourceStreamDriver(
             source=source,
             store=self._store,
-            on_affected=self._enqueue,
+            on_affected=self._queue.add_all,
             retry_delay=source_retry_delay,
             clock=self._clock,
         )
@@ -143,11 +143,6 @@ class ReconcileLoop:
             if not task.cancelled() and task.exception() is not None:
                 logger.error("%s crashed: %r", task.get_name(), task.exception())
 
-    def _enqueue(self, parents: Iterable[ParentKey]) -> None:
-        add = self._queue.add
-        for parent in parents:
-            add(parent)
-
     async def _work(self) -> None:
         queue, reconcile, retries = self._queue, self._reconcile, self._retries
         while (parent := await queue.get()) is not None:
@@ -170,7 +165,7 @@ class ReconcileLoop:
     async def _resync(self) -> None:
         while True:
             await self._clock.sleep(self._resync_period)
-            self._enqueue(self._store.parent_keys())
+            self._queue.add_all(self._store.parent_keys())
 
 
 def _being_cancelled() -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -31,6 +31,18 @@ class WorkQueue(Generic[K]):
         self._queued.add(key)
         self._order.append(key)
         if self._waiter is not None:
+            self._wake()
+
+    def add_all(self, keys: Iterable[K]) -> None:
+        """``add`` for each key, in iteration order, waking the waiter at most once."""
+        if self._shut_down:
+            return
+        queued, order = self._queued, self._order
+        for key in keys:
+            if key not in queued:
+                queued.add(key)
+                order.append(key)
+        if order and self._waiter is not None:
             self._wake()
 
     async def get(self) -> K | None:

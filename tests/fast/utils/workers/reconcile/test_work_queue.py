@@ -28,6 +28,24 @@ async def test_a_key_taken_by_the_worker_can_be_queued_again() -> None:
     assert [await queue.get(), await queue.get()] == ["b", "a"]
 
 
+async def test_add_all_is_add_for_each_key_in_order() -> None:
+    """``add_all`` (what the driver's notifications use) keeps ``add``'s dedup and order rules."""
+    queue: WorkQueue[str] = WorkQueue()
+    queue.add("b")
+    getter_queue: WorkQueue[str] = WorkQueue()
+    getter = asyncio.create_task(getter_queue.get())
+    await settle()
+    queue.add_all(["a", "b", "c", "a"])
+    getter_queue.add_all(["x", "y"])
+    await settle()
+    assert [await queue.get() for _ in range(3)] == ["b", "a", "c"]
+    assert getter.result() == "x"
+    assert len(getter_queue) == 1
+    queue.shutdown()
+    queue.add_all(["late"])
+    assert len(queue) == 0
+
+
 async def test_get_waits_for_a_key_and_wakes_on_add() -> None:
     queue: WorkQueue[int] = WorkQueue()
     getter = asyncio.create_task(queue.get())
