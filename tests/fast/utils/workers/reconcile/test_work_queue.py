@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from miles.utils.workers.reconcile.clock import settle
 from miles.utils.workers.reconcile.work_queue import WorkQueue
@@ -85,22 +84,39 @@ async def test_a_cancelled_get_leaves_the_queue_usable() -> None:
     assert await queue.get() == "a"
 
 
-def _drain_seconds(n: int) -> float:
-    async def fill_and_drain() -> float:
-        queue: WorkQueue[int] = WorkQueue()
-        started = time.perf_counter()
-        for key in range(n):
-            queue.add(key)
-            queue.add(key)
-        while len(queue):
-            await queue.get()
-        return time.perf_counter() - started
+class _CountingKey(int):
+    """A key that counts every hash and comparison made on it, so cost is counted, not timed."""
 
-    return min(asyncio.run(fill_and_drain()) for _ in range(3))
+    touches = 0
+
+    def __hash__(self) -> int:
+        _CountingKey.touches += 1
+        return int.__hash__(self)
+
+    def __eq__(self, other: object) -> bool:
+        _CountingKey.touches += 1
+        return int.__eq__(self, other)
 
 
-def test_add_and_get_are_constant_time_so_draining_is_linear() -> None:
-    """Every operation is O(1): draining 4x the keys costs about 4x, not 16x (a dict popped from
-    its front would rescan its deleted slots on every get)."""
-    small, large = _drain_seconds(25_000), _drain_seconds(100_000)
-    assert large / small < 8, (small, large)
+async def _touches_per_key(n: int) -> float:
+    queue: WorkQueue[_CountingKey] = WorkQueue()
+    keys = [_CountingKey(i) for i in range(n)]
+    _CountingKey.touches = 0
+    for key in keys:
+        queue.add(key)
+        queue.add(key)
+    queue.add_all(keys)
+    while len(queue):
+        await queue.get()
+    return _CountingKey.touches / n
+
+
+async def test_add_and_get_touch_each_key_a_constant_number_of_times() -> None:
+    """Every operation is O(1): the hashes and comparisons per key do not grow with the queue.
+
+    The dict-popped-from-its-front trap this design avoids (9.8 s against 0.035 s to drain 100k
+    keys) is measured in the alignment record; timing it here would make a test of the machine.
+    """
+    small, large = await _touches_per_key(1_000), await _touches_per_key(20_000)
+    assert large == small
+    assert small <= 8
