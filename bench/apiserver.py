@@ -5,8 +5,6 @@ Run from the repository root::
     .venv/bin/python -m bench.apiserver                 # 10,000 pods over 1,000 parents, 3 rounds
     .venv/bin/python -m bench.apiserver --quick         # 1,000 pods over 100 parents, 1 round
     .venv/bin/python -m bench.apiserver --profile ours  # then one cProfiled run of ours
-    .venv/bin/python -m bench.apiserver --what-if       # also the fixes proposed, applied from
-                                                        # the bench (bench/apiserver_whatif.py)
 
 It starts a local control plane (etcd plus a kube-apiserver with its watch cache on; or reuses
 ``MILES_K8S_KUBECONFIG``), creates ``--pods`` realistic pods (``bench/apiserver_seed.py``) once, and
@@ -61,20 +59,15 @@ from bench.apiserver_oracle import baseline_rss, oracle_process
 from bench.apiserver_proc import REPO_ROOT, child_argv, cpu_seconds, rss_bytes
 
 CONTENDERS = ("ours", "ka", "go")
-WHAT_IFS = ("ours_gc", "ours_paged")
 TITLES = {
     "ours": "ours",
     "ka": "kubernetes_asyncio",
     "go": "client-go",
-    "ours_gc": "ours, GC paused (what-if)",
-    "ours_paged": "ours, GC paused + paged LIST (what-if)",
 }
 COLUMNS = {
     "ours": "ours",
     "ka": "k8s_asyncio",
     "go": "client-go",
-    "ours_gc": "if:gc",
-    "ours_paged": "if:paged",
 }
 LINE_LIMIT = 256 * 2**20
 SYNC_TIMEOUT = 600.0
@@ -369,11 +362,11 @@ class Results:
         present = [v for r in self.rounds if (v := r[name].get(key)) is not None]
         return statistics.median(present) if present else None
 
-    def advantage(self, key: str, other: str, ours_name: str = "ours") -> float | None:
+    def advantage(self, key: str, other: str) -> float | None:
         """Median over rounds of how many times better ours is than ``other`` (>1: ours better)."""
         ratios = []
         for r in self.rounds:
-            ours, theirs = r[ours_name].get(key), r[other].get(key)
+            ours, theirs = r["ours"].get(key), r[other].get(key)
             if ours is None or theirs is None or min(ours, theirs) <= 0:
                 continue
             ratios.append(ours / theirs if METRICS[key].higher_is_better else theirs / ours)
@@ -401,14 +394,11 @@ def print_table(results: Results, args: argparse.Namespace, context: dict[str, A
         cells = "".join(f" {_fmt(results.median(n, key), metric.scale):>11}" for n in names)
         ratios = [_fmt(results.advantage(key, other)) for other in ("ka", "go")]
         print(f"{metric.name:42} {metric.unit:>5}{cells} {ratios[0]:>19} {ratios[1]:>17}")
-    for name in [n for n in ("ours", *WHAT_IFS) if n in names]:
-        print(f"\ntargets, {TITLES[name]}:")
-        for target in TARGETS:
-            ratio = results.advantage(target.metric, target.other, name)
-            verdict = "n/a" if ratio is None else "met" if ratio >= target.at_least else "MISSED"
-            print(
-                f"  {METRICS[target.metric].name}: {target.text}: ratio {_fmt(ratio)} -> {verdict}"
-            )
+    print("\ntargets:")
+    for target in TARGETS:
+        ratio = results.advantage(target.metric, target.other)
+        verdict = "n/a" if ratio is None else "met" if ratio >= target.at_least else "MISSED"
+        print(f"  {METRICS[target.metric].name}: {target.text}: ratio {_fmt(ratio)} -> {verdict}")
     print(
         f"\nseeding took {_fmt(context.get('seed_s'))} s (0 if reused); the same LIST read raw,"
         f" decoding nothing: {_fmt(context['list_floor_s'])} s (resourceVersion unset, as ours"
@@ -418,10 +408,9 @@ def print_table(results: Results, args: argparse.Namespace, context: dict[str, A
     poll, cost = results.median("go", "poll_interval_s"), results.median("go", "snapshot_cost_s")
     if poll is not None and cost is not None:
         print(
-            f"client-go is read by asking for its whole store every {poll * 1e3:.0f} ms (each"
-            f" snapshot costs it {cost * 1e3:.0f} ms of CPU, subtracted): its lags are upper"
-            " bounds, late by up to one interval, and its CPU per event still carries the garbage"
-            " those snapshots leave to Go's collector."
+            f"client-go is read by asking for its progress every {poll * 1e3:.1f} ms (each poll"
+            f" costs it {cost * 1e6:.0f} us of CPU, subtracted): its lags are upper bounds, late"
+            " by up to one interval."
         )
     for index, measured in enumerate(results.rounds, start=1):
         for name in measured:
@@ -559,17 +548,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--watch-seconds", type=float, default=None, help="default 8 (quick: 3)")
     parser.add_argument("--writer-concurrency", type=int, default=32)
     parser.add_argument(
-        "--oracle-poll", type=float, default=0.05, help="least seconds between oracle polls"
+        "--oracle-poll", type=float, default=0.005, help="least seconds between oracle polls"
     )
     parser.add_argument("--drain-timeout", type=float, default=60.0)
-    parser.add_argument(
-        "--contenders", nargs="+", choices=(*CONTENDERS, *WHAT_IFS), default=list(CONTENDERS)
-    )
-    parser.add_argument(
-        "--what-if", action="store_true", help="also run the what-if variants of ours"
-    )
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 pods, one round")
-    parser.add_argument("--profile", choices=("ours", "ka", *WHAT_IFS), default=None)
+    parser.add_argument("--profile", choices=("ours", "ka"), default=None)
     parser.add_argument("--profile-top", type=int, default=25)
     parser.add_argument("--logs", type=Path, default=None, help="folder for child logs")
     parser.add_argument("--json", action="store_true", help="also print every round as JSON")
@@ -578,8 +562,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.parents = args.parents or max(args.pods // 10, 1)
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.watch_seconds = args.watch_seconds or (3.0 if args.quick else 8.0)
-    if args.what_if:
-        args.contenders = [*args.contenders, *WHAT_IFS]
     return args
 
 

@@ -4,9 +4,7 @@ Go counterpart: the client-go oracle (``tools/k8s/oracle``) plays the same part 
 
 Both contenders run the same ``ReconcileLoop`` (key map: the parent label) and the same recording
 reconcile; only the source differs: ``KubernetesReflector`` over ``KubernetesAsyncioPodApi``
-(ours) or ``KubernetesAsyncioModelReflector`` (``V1Pod`` models). ``ours_gc`` and ``ours_paged`` are
-ours with a fix of ``bench/apiserver_whatif.py`` applied before the clock starts. Protocol, one
-JSON line each:
+(ours) or ``KubernetesAsyncioModelReflector`` (``V1Pod`` models). Protocol, one JSON line each:
 
 1. ``synced``: once the store holds every pod and every parent has been reconciled once, with the
    start stamp (before the API client is built), the synced stamp, and RSS before and after;
@@ -43,7 +41,6 @@ from bench.apiserver_proc import (
     read_command,
     rss_bytes,
 )
-from bench.apiserver_whatif import apply
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
@@ -56,7 +53,7 @@ from miles.utils.workers.reconcile.source_event import (
     UpsertEvent,
 )
 
-CONTENDERS = ("ours", "ka", "ours_gc", "ours_paged")
+CONTENDERS = ("ours", "ka")
 
 
 def parent_of(pod: Any) -> ParentKey | None:
@@ -198,7 +195,6 @@ async def run(args: argparse.Namespace) -> None:
     from miles.utils.k8s_testenv.client import api_client
 
     profiler = Profiler(args.profile)
-    after_sync = apply(args.contender.removeprefix("ours_")) if "_" in args.contender else None
     pauses = CollectorPauses()
     gc.collect()
     rss_before = rss_bytes()
@@ -216,8 +212,6 @@ async def run(args: argparse.Namespace) -> None:
             await recorder.all_reconciled.wait()
             synced = time.monotonic()
             profiler.dump("sync")
-            if after_sync is not None:
-                after_sync()
             emit(
                 {
                     "phase": "synced",

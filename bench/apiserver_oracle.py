@@ -1,19 +1,20 @@
 """The client-go contender of ``bench/apiserver.py``: ``tools/k8s/oracle`` driven over its pipes.
 
-Go counterpart: client-go's ``Reflector`` and ``Store`` themselves (the oracle). The oracle prints
-its whole store for every line it reads, and that is the only signal it gives, so: sync is the
-first snapshot holding every pod (polled every ``SYNC_POLL_SECONDS``, while the snapshots are still
-empty and cheap); ingestion is read from its ``LastSyncResourceVersion``, which client-go sets
-after each event is in the store, polled every ``poll_seconds`` during the WATCH phase. A lag read
-that way is an upper bound, late by up to one poll interval plus one snapshot; the CPU the
-snapshots cost the oracle is measured after the phase and subtracted.
+Go counterpart: client-go's ``Reflector`` and ``Store`` themselves (the oracle). The oracle
+answers a ``progress`` line with its ``LastSyncResourceVersion``, its listings, the watch events
+its store has applied and the pods it holds, without the pods themselves, and that is the signal
+read here: sync is the first answer holding every pod (polled every ``SYNC_POLL_SECONDS``);
+ingestion is read from the ``LastSyncResourceVersion``, which client-go sets after each event is in
+the store, polled every few milliseconds during the WATCH phase. A lag read that way is an upper
+bound, late by up to one poll interval; the CPU the polls cost the oracle is measured after the
+phase and subtracted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
+import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,9 +25,7 @@ from bench.apiserver_proc import NAMESPACE, SELECTOR, cpu_seconds, rss_bytes
 SYNC_POLL_SECONDS = 0.005
 EMPTY_SELECTOR = "miles.io/cell=bench-matches-nothing"
 LINE_LIMIT = 256 * 2**20
-_SNAPSHOT_RV = re.compile(rb'^\{"resourceVersion":"(\d*)","lists":(\d+),"pods":')
-_POD_ENTRY = b'{"name":'
-COST_PROBES = 10
+COST_PROBES = 100
 
 
 @dataclass(frozen=True)
@@ -35,10 +34,11 @@ class Snapshot:
     resource_version: int
     lists: int
     pods: int
+    events: int
 
 
 class Oracle:
-    """One oracle process; ``snapshot()`` asks it for its store and reads the envelope only."""
+    """One oracle process; ``snapshot()`` asks it for its progress (not its pods)."""
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self._process = process
@@ -51,19 +51,21 @@ class Oracle:
         stdin, stdout = self._process.stdin, self._process.stdout
         assert stdin is not None
         assert stdout is not None
-        stdin.write(b"\n")
+        stdin.write(b"progress\n")
         await stdin.drain()
         line = await stdout.readline()
         stamp = time.monotonic()
-        match = _SNAPSHOT_RV.match(line)
-        if match is None:
-            raise RuntimeError(f"the oracle printed no snapshot: {line[:200]!r}")
-        return Snapshot(
-            stamp=stamp,
-            resource_version=int(match.group(1) or 0),
-            lists=int(match.group(2)),
-            pods=line.count(_POD_ENTRY, match.end()),
-        )
+        try:
+            progress = json.loads(line)
+            return Snapshot(
+                stamp=stamp,
+                resource_version=int(progress["resourceVersion"] or 0),
+                lists=int(progress["lists"]),
+                pods=int(progress["size"]),
+                events=int(progress["events"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            raise RuntimeError(f"the oracle printed no progress: {line[:200]!r}") from None
 
     async def wait_until(self, *, pods: int = 0, rv: int = 0, within: float) -> Snapshot:
         deadline = time.monotonic() + within
@@ -77,7 +79,7 @@ class Oracle:
             await asyncio.sleep(SYNC_POLL_SECONDS)
 
     async def snapshot_cost(self) -> float:
-        """CPU seconds one snapshot costs the oracle, at its current store size."""
+        """CPU seconds one progress poll costs the oracle, at its current store size."""
         before = cpu_seconds(self.pid)
         for _ in range(COST_PROBES):
             await self.snapshot()

@@ -1,10 +1,10 @@
 """A recording `KubernetesPodApi` delegate, shared by the e2e harnesses. Go counterpart: none
 (test-side).
 
-`RecordingPodApi` logs every consistent LIST page and watch frame in the order the runtime received
-them, every WATCH it opened (its cursor, frames, timing, failure), every consistent LIST it
-attempted, and, apart, every cursor probe (a LIST carrying a resourceVersion, which never feeds the
-store).
+`RecordingPodApi` logs every consistent LIST (its pages joined, as the reflector joins them) and
+watch frame in the order the runtime received them, every WATCH it opened (its cursor, frames,
+timing, failure), every consistent LIST it attempted, and, apart, every cursor probe (a LIST
+carrying a resourceVersion, which never feeds the store).
 """
 
 from __future__ import annotations
@@ -71,13 +71,17 @@ class ProbeCall:
 
 class RecordingPodApi:
     """A `KubernetesPodApi` delegate. `lists` holds the consistent LISTs that succeeded (the initial
-    sync, then one per relist) and `log` those pages and every frame, in arrival order;
-    `list_attempts` counts the consistent LISTs sent, failed ones included; `probes` holds the
-    LISTs that carried a resourceVersion (cursor probes), which are neither relists nor logged."""
+    sync, then one per relist), each its pages joined at the last page's resourceVersion, and `log`
+    those LISTs and every frame, in arrival order; `pages` holds every page received;
+    `list_attempts` counts the consistent LISTs started (first pages sent), failed ones included;
+    `probes` holds the LISTs that carried a resourceVersion (cursor probes), which are neither
+    relists nor logged."""
 
     def __init__(self, inner: KubernetesPodApi) -> None:
         self._inner = inner
         self.lists: list[PodListPage] = []
+        self.pages: list[PodListPage] = []
+        self._pending: list[PodListPage] = []
         self.list_attempts = 0
         self.probes: list[ProbeCall] = []
         self.watches: list[WatchCall] = []
@@ -94,15 +98,27 @@ class RecordingPodApi:
         label_selector: str,
         resource_version: str | None = None,
         limit: int | None = None,
+        continue_token: str | None = None,
     ) -> PodListPage:
         if resource_version is not None:
             return await self._probe(namespace, label_selector, resource_version, limit)
-        self.list_attempts += 1
+        if continue_token is None:
+            self.list_attempts += 1
+            self._pending = []
+        continuation: dict[str, Any] = {}
+        if continue_token is not None:
+            continuation.update(continue_token=continue_token)
         page = await self._inner.list_pods(
-            namespace=namespace, label_selector=label_selector, limit=limit
+            namespace=namespace, label_selector=label_selector, limit=limit, **continuation
         )
-        self.lists.append(page)
-        self.log.append(page)
+        self.pages.append(page)
+        self._pending.append(page)
+        if page.continue_token is None:
+            joined = PodListPage(
+                tuple(pod for part in self._pending for pod in part.pods), page.resource_version
+            )
+            self.lists.append(joined)
+            self.log.append(joined)
         return page
 
     async def _probe(

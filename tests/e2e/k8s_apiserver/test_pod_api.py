@@ -2,7 +2,8 @@
 
 Proves the wire semantics the reflector stands on: a LIST/WATCH round trip decodes real bytes, an
 abandoned watch closes at once and the next one opens from its cursor, the label selector scopes
-both LIST and WATCH, and what a real server answers for a resourceVersion beyond etcd's head.
+both LIST and WATCH, a LIST read in pages follows continue tokens to every pod at one snapshot, and
+what a real server answers for a resourceVersion beyond etcd's head.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from miles.utils.workers.reconcile.k8s_api import (
     KubernetesAsyncioPodApi,
     PodWatchEvent,
 )
+from miles.utils.workers.reconcile.k8s_reflector import LIST_PAGE_SIZE, KubernetesReflector
+from miles.utils.workers.reconcile.source_event import ReplaceEvent
 from tests.e2e.k8s_apiserver.harness import (
     CELL_LABEL,
     POLL_SECONDS,
@@ -305,3 +308,58 @@ async def test_plain_watch_from_a_future_cursor_is_accepted_and_silent(
 
     assert received == []
     assert 1.5 < lasted < 6.0
+
+
+PAGED_PODS = 1_200
+CREATE_CONCURRENCY = 32
+
+
+async def _create_pods(core: Any, namespace: str, names: list[str]) -> None:
+    slots = asyncio.Semaphore(CREATE_CONCURRENCY)
+
+    async def create(name: str) -> None:
+        async with slots:
+            await core.create_namespaced_pod(namespace, pod_manifest(name, cell="paged"))
+
+    await asyncio.gather(*(create(name) for name in names))
+
+
+@pytest.mark.parametrize("server", ["cached", "uncached"])
+async def test_paged_list_reads_every_pod_at_the_first_pages_snapshot(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str, server: ApiServerName
+) -> None:
+    """Row ``ListPager`` (real apiserver layer): 1,200 pods LISTed 500 a page follow continue
+    tokens to all of them, every page at the first page's resourceVersion (the reflector's cursor
+    is the last page's), and a pod created between pages is not in the LIST; through the
+    reflector, the pages make one ReplaceEvent of every pod."""
+    names = [f"paged-{index:04d}" for index in range(PAGED_PODS)]
+    async with k8s_api_client(server) as api:
+        core, pods = _pod_api(api)
+        await _create_pods(core, k8s_namespace, names)
+        first = await pods.list_pods(
+            namespace=k8s_namespace, label_selector=SELECTOR, limit=LIST_PAGE_SIZE
+        )
+        await core.create_namespaced_pod(k8s_namespace, pod_manifest("zz-late", cell="paged"))
+        pages = [first]
+        while (token := pages[-1].continue_token) is not None:
+            pages.append(
+                await pods.list_pods(
+                    namespace=k8s_namespace,
+                    label_selector=SELECTOR,
+                    limit=LIST_PAGE_SIZE,
+                    continue_token=token,
+                )
+            )
+        reflector = KubernetesReflector(
+            kube_client=pods, namespace=k8s_namespace, label_selector=SELECTOR
+        )
+        source = reflector.watch()
+        try:
+            replace = await asyncio.wait_for(anext(source), WAIT_SECONDS)
+        finally:
+            await aclose(source)
+    assert [len(page.pods) for page in pages] == [500, 500, 200]
+    assert {page.resource_version for page in pages} == {first.resource_version}
+    assert [pod.metadata.name for page in pages for pod in page.pods] == names
+    assert isinstance(replace, ReplaceEvent)
+    assert sorted(replace.objects) == [*names, "zz-late"]

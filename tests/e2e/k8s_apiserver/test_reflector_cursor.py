@@ -216,17 +216,20 @@ class _ListFromBeforeARollback:
         label_selector: str,
         resource_version: str | None = None,
         limit: int | None = None,
+        continue_token: str | None = None,
     ) -> PodListPage:
         page = await self._inner.list_pods(
             namespace=namespace,
             label_selector=label_selector,
             resource_version=resource_version,
             limit=limit,
+            continue_token=continue_token,
         )
         if self._rolled_back or resource_version is not None:
             return page
         self._rolled_back = True
-        return PodListPage(page.pods, str(int(page.resource_version) + FUTURE_OFFSET))
+        forged = str(int(page.resource_version) + FUTURE_OFFSET)
+        return PodListPage(page.pods, forged, page.continue_token)
 
     def stream_pods(
         self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int

@@ -5,7 +5,13 @@
 //	{"resourceVersion": "<LastSyncResourceVersion>", "lists": N, "pods": [{"name", "uid", "resourceVersion", "labels"}, ...]}
 //
 // with pods sorted by name and N the number of listings made so far: LIST requests (a paginated
-// LIST counts once) and, with --watch-list, watch-list streams. It exits when stdin closes. The WatchListClient feature is off unless --watch-list is set,
+// LIST counts once) and, with --watch-list, watch-list streams. A line that is exactly "progress"
+// gets the cheap form instead, without the pods:
+//
+//	{"resourceVersion": "<LastSyncResourceVersion>", "lists": N, "events": E, "size": S}
+//
+// with E the watch events applied to the store so far (Add, Update, Delete) and S the pods it
+// holds. It exits when stdin closes. The WatchListClient feature is off unless --watch-list is set,
 // so by default the Reflector does LIST then WATCH.
 package main
 
@@ -34,6 +40,34 @@ type podView struct {
 	UID             string            `json:"uid"`
 	ResourceVersion string            `json:"resourceVersion"`
 	Labels          map[string]string `json:"labels"`
+}
+
+type progress struct {
+	ResourceVersion string `json:"resourceVersion"`
+	Lists           int64  `json:"lists"`
+	Events          int64  `json:"events"`
+	Size            int    `json:"size"`
+}
+
+// countingStore is a cache.Store that counts the watch events applied to it.
+type countingStore struct {
+	cache.Store
+	events atomic.Int64
+}
+
+func (s *countingStore) Add(obj interface{}) error {
+	s.events.Add(1)
+	return s.Store.Add(obj)
+}
+
+func (s *countingStore) Update(obj interface{}) error {
+	s.events.Add(1)
+	return s.Store.Update(obj)
+}
+
+func (s *countingStore) Delete(obj interface{}) error {
+	s.events.Add(1)
+	return s.Store.Delete(obj)
 }
 
 type snapshot struct {
@@ -74,7 +108,7 @@ func run(kubeconfig, namespace, selector string) error {
 	}
 	var lists atomic.Int64
 	lw := countingListWatch(clientset, namespace, selector, &lists)
-	store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+	store := &countingStore{Store: cache.NewStore(cache.MetaNamespaceKeyFunc)}
 	reflector := cache.NewReflectorWithOptions(lw, &corev1.Pod{}, store, cache.ReflectorOptions{Name: "oracle"})
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -84,7 +118,13 @@ func run(kubeconfig, namespace, selector string) error {
 	out := json.NewEncoder(os.Stdout)
 	stdin := bufio.NewScanner(os.Stdin)
 	for stdin.Scan() {
-		if err := out.Encode(snapshotOf(reflector, store, &lists)); err != nil {
+		var answer any
+		if stdin.Text() == "progress" {
+			answer = progressOf(reflector, store, &lists)
+		} else {
+			answer = snapshotOf(reflector, store, &lists)
+		}
+		if err := out.Encode(answer); err != nil {
 			return err
 		}
 	}
@@ -113,6 +153,15 @@ func countingListWatch(
 		return openWatch(ctx, o)
 	}
 	return lw
+}
+
+func progressOf(reflector *cache.Reflector, store *countingStore, lists *atomic.Int64) progress {
+	return progress{
+		ResourceVersion: reflector.LastSyncResourceVersion(),
+		Lists:           lists.Load(),
+		Events:          store.events.Load(),
+		Size:            len(store.ListKeys()),
+	}
 }
 
 func snapshotOf(reflector *cache.Reflector, store cache.Store, lists *atomic.Int64) snapshot {

@@ -1,10 +1,13 @@
 """LIST, then WATCH from the list's cursor, as a stream of source events. Go: ``cache.Reflector``.
 
 Each ``watch()`` call opens a stream that starts with a consistent LIST as one ``ReplaceEvent``,
-then follows a WATCH from that list's ``resourceVersion``. A watch that ends cleanly is reopened
-from the cursor; a cursor the server rejects (410, or 504 for a too-large resourceVersion) costs a
-relist; any other failure retries from the same cursor after ``retry_delay``. Nothing a frame
-contains ends the stream.
+then follows a WATCH from that list's ``resourceVersion``. The LIST is read in pages of
+``LIST_PAGE_SIZE`` pods, following continue tokens as client-go's ``ListPager`` does, each page
+decoded as it arrives; the server serves every page from the first page's snapshot, so the pages
+join into one ``ReplaceEvent``. A continue token that expires mid-LIST (410) restarts the paged
+LIST from its first page at once. A watch that ends cleanly is reopened from the cursor; a cursor
+the server rejects (410, or 504 for a too-large resourceVersion) costs a relist; any other failure
+retries from the same cursor after ``retry_delay``. Nothing a frame contains ends the stream.
 
 A real apiserver never rejects a cursor beyond its history (etcd restored from an older snapshot)
 on a plain WATCH: it waits for that revision and closes at the timeout with no frame. So a watch
@@ -21,6 +24,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import Any
 
 from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.k8s_api import (
@@ -30,6 +34,7 @@ from miles.utils.workers.reconcile.k8s_api import (
     PodListPage,
     PodWatchEvent,
 )
+from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,
@@ -44,6 +49,13 @@ VERY_SHORT_WATCH_SECONDS = 1.0
 
 PROBE_LIMIT = 1
 """Items a cursor probe asks for: it checks the cursor, the page itself is dropped."""
+
+LIST_PAGE_SIZE = 500
+"""Pods per LIST page, client-go's ``pager.defaultPageSize``."""
+
+
+class _ContinueExpired(Exception):
+    """A continuation page was refused with 410: the LIST's snapshot has been compacted away."""
 
 
 class _Next(enum.Enum):
@@ -101,12 +113,21 @@ class KubernetesReflector:
                     break
 
     async def _list(self) -> PodListPage:
-        """A consistent LIST (resourceVersion unset), retried each ``retry_delay`` till it works."""
+        """A consistent LIST (resourceVersion unset), retried each ``retry_delay`` till it works;
+        one whose continue token expired is restarted at once."""
         while True:
             try:
-                return await self._api.list_pods(
-                    namespace=self._namespace, label_selector=self._label_selector
+                return await self._paged_list()
+            except _ContinueExpired as expired:
+                logger.warning(
+                    "pod LIST continue token expired after %d pods, relisting from the first page: "
+                    "namespace=%s selector=%r reason=%s",
+                    expired.args[0],
+                    self._namespace,
+                    self._label_selector,
+                    expired.args[1],
                 )
+                continue
             except Exception as err:
                 logger.warning(
                     "pod LIST failed, retrying in %ss: namespace=%s selector=%r reason=%s",
@@ -116,6 +137,35 @@ class KubernetesReflector:
                     _reason(err),
                 )
             await self._clock.sleep(self._retry_delay)
+
+    async def _paged_list(self) -> PodListPage:
+        """Every page of one consistent LIST as one page, at the last page's resourceVersion
+        (the server answers every continuation at the first page's)."""
+        pods: list[Pod] = []
+        page = await self._list_page(continue_token=None)
+        while True:
+            pods.extend(page.pods)
+            if not page.continue_token:
+                return PodListPage(tuple(pods), page.resource_version)
+            try:
+                page = await self._list_page(continue_token=page.continue_token)
+            except KubernetesApiError as err:
+                if err.code != 410:
+                    raise
+                raise _ContinueExpired(len(pods), _reason(err)) from err
+
+    async def _list_page(self, *, continue_token: str | None) -> PodListPage:
+        """``continue_token`` is passed only on a continuation, so a ``KubernetesPodApi`` written
+        before paging still serves every LIST that fits in one page."""
+        continuation: dict[str, Any] = {}
+        if continue_token is not None:
+            continuation.update(continue_token=continue_token)
+        return await self._api.list_pods(
+            namespace=self._namespace,
+            label_selector=self._label_selector,
+            limit=LIST_PAGE_SIZE,
+            **continuation,
+        )
 
     async def _probe(self, cursor: str) -> _Next:
         """LISTs at most one pod not older than ``cursor``: a rejection means the cursor is beyond

@@ -209,14 +209,14 @@ def status(code: int, reason: str, message: str = "") -> dict[str, Any]:
     }
 
 
-def list_body(pods: Iterable[dict[str, Any]], resource_version: str) -> bytes:
+def list_body(
+    pods: Iterable[dict[str, Any]], resource_version: str, continue_token: str | None = None
+) -> bytes:
+    metadata = {"resourceVersion": resource_version}
+    if continue_token is not None:
+        metadata["continue"] = continue_token
     return pod_bytes(
-        {
-            "kind": "PodList",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": resource_version},
-            "items": list(pods),
-        }
+        {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": list(pods)}
     )
 
 
@@ -235,6 +235,14 @@ class ProbeCall:
 
 
 @dataclass
+class PageCall:
+    """One LIST without a ``resource_version``: a first page or a continuation."""
+
+    limit: int | None
+    continue_token: str | None
+
+
+@dataclass
 class WatchCall:
     namespace: str
     label_selector: str
@@ -248,8 +256,9 @@ Step = PodWatchEvent | BaseException | Callable[[], Any]
 
 @dataclass
 class FakePodApi:
-    """A scripted ``KubernetesPodApi``: each consistent LIST pops ``lists``, each LIST carrying a
-    ``resource_version`` (a cursor probe) pops ``probes``, each WATCH pops ``watches``.
+    """A scripted ``KubernetesPodApi``: each consistent LIST page pops ``lists``, each LIST carrying
+    a ``resource_version`` (a cursor probe) pops ``probes``, each WATCH pops ``watches``.
+    ``list_calls`` has one entry per LIST started (a first page), ``page_calls`` one per page.
 
     A list or probe entry is a ``PodListPage`` or an exception to raise. A watch entry is a list of
     steps (ending the list closes the stream cleanly) or an exception raised when the watch opens.
@@ -262,6 +271,7 @@ class FakePodApi:
     list_calls: list[tuple[str, str]] = field(default_factory=list)
     watch_calls: list[WatchCall] = field(default_factory=list)
     probe_calls: list[ProbeCall] = field(default_factory=list)
+    page_calls: list[PageCall] = field(default_factory=list)
 
     async def list_pods(
         self,
@@ -270,10 +280,14 @@ class FakePodApi:
         label_selector: str,
         resource_version: str | None = None,
         limit: int | None = None,
+        continue_token: str | None = None,
     ) -> PodListPage:
         if resource_version is None:
-            self.list_calls.append((namespace, label_selector))
+            if continue_token is None:
+                self.list_calls.append((namespace, label_selector))
+            self.page_calls.append(PageCall(limit, continue_token))
             return await _pop(self.lists)
+        assert continue_token is None, "a continuation never carries a resourceVersion"
         self.probe_calls.append(ProbeCall(namespace, label_selector, resource_version, limit))
         return await _pop(self.probes)
 

@@ -1,16 +1,21 @@
 """Fast layer, properties: no bytes make the decoders raise anything but ``FrameDecodeError``,
-and no frame ends the reflector's stream."""
+no frame ends the reflector's stream, and a LIST decode runs with the cyclic collector paused and
+leaves it as it found it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from miles.utils.workers.reconcile import k8s_api
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_api import (
     FrameDecodeError,
@@ -27,7 +32,12 @@ from miles.utils.workers.reconcile.source_event import (
     SourceEvent,
     UpsertEvent,
 )
-from tests.fast.utils.workers.reconcile.k8s_fakes import frame, realistic_pod, status
+from tests.fast.utils.workers.reconcile.k8s_fakes import (
+    frame,
+    list_body,
+    realistic_pod,
+    status,
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -106,6 +116,42 @@ def test_list_decoder_raises_only_frame_decode_error(body: bytes) -> None:
     assert isinstance(page.resource_version, str)
 
 
+LIST_BODIES = {
+    "valid": list_body([realistic_pod(f"p-{i}") for i in range(3)], "7", "next"),
+    "bad item": list_body([realistic_pod("a"), {"metadata": {"name": "bad"}, "spec": 1}], "7"),
+    "unreadable": b"{not json",
+}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("body", LIST_BODIES.values(), ids=LIST_BODIES.keys())
+def test_list_decode_pauses_the_collector_and_restores_its_state(
+    enabled: bool, body: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row "GC paused during a LIST decode": every validation inside ``decode_pod_list`` runs with
+    the cyclic collector off, and it is left enabled or disabled as it was, whether the body
+    decodes, has a bad item, or raises."""
+    seen: list[bool] = []
+    for model in (k8s_api._PodList, k8s_api._RawPodList):
+        validate = model.model_validate_json
+
+        def spy(data: bytes, _validate: Any = validate) -> Any:
+            seen.append(gc.isenabled())
+            return _validate(data)
+
+        monkeypatch.setattr(model, "model_validate_json", spy)
+    was_enabled = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        with contextlib.suppress(FrameDecodeError):
+            decode_pod_list(body)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was_enabled else gc.disable)()
+    assert seen
+    assert not any(seen)
+
+
 @given(st.lists(st.binary(max_size=60), max_size=6), st.data())
 @settings(deadline=None)
 def test_line_splitting_ignores_chunk_boundaries(lines: list[bytes], data: st.DataObject) -> None:
@@ -140,6 +186,7 @@ class DecodingFakeApi:
         label_selector: str,
         resource_version: str | None = None,
         limit: int | None = None,
+        continue_token: str | None = None,
     ) -> PodListPage:
         return PodListPage((), "1")
 

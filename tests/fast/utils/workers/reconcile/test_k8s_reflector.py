@@ -16,14 +16,20 @@ from miles.utils.workers.reconcile.k8s_api import (
     PodListPage,
     PodWatchEvent,
 )
-from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.k8s_reflector import LIST_PAGE_SIZE, KubernetesReflector
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,
     SourceEvent,
     UpsertEvent,
 )
-from tests.fast.utils.workers.reconcile.k8s_fakes import FakePodApi, ProbeCall, Step, pod
+from tests.fast.utils.workers.reconcile.k8s_fakes import (
+    FakePodApi,
+    PageCall,
+    ProbeCall,
+    Step,
+    pod,
+)
 
 RETRY = 2.0
 
@@ -48,8 +54,9 @@ def error(code: int) -> PodWatchEvent:
     return PodWatchEvent("ERROR", None, None, rejects_cursor=code in (410, 504))
 
 
-def page(rv: str, *names: str) -> PodListPage:
-    return PodListPage(tuple(pod(n, resource_version=rv) for n in names), rv)
+def page(rv: str, *names: str, more: str | None = None) -> PodListPage:
+    """A LIST page; ``more`` is its continue token."""
+    return PodListPage(tuple(pod(n, resource_version=rv) for n in names), rv, more)
 
 
 def hold(clock: FakeClock, seconds: float) -> Step:
@@ -396,3 +403,90 @@ async def test_closing_the_stream_closes_the_open_watch() -> None:
     await asyncio.gather(pending, return_exceptions=True)
     await events.aclose()  # type: ignore[attr-defined]
     assert closed.is_set()
+
+
+async def test_paged_list_joins_every_page_into_one_replace_event() -> None:
+    """Row ``ListPager``: the consistent LIST asks for ``LIST_PAGE_SIZE`` pods a page and follows
+    continue tokens; the pages make one ``ReplaceEvent`` and the watch opens at their cursor."""
+    api = FakePodApi(
+        lists=[page("10", "a", "b", more="t1"), page("10", "c", more="t2"), page("10", "d")],
+        watches=[[]],
+    )
+    async with running(api, FakeClock()) as run:
+        (replace,) = run.events
+        assert isinstance(replace, ReplaceEvent)
+        assert sorted(replace.objects) == ["a", "b", "c", "d"]
+        assert api.page_calls == [
+            PageCall(LIST_PAGE_SIZE, None),
+            PageCall(LIST_PAGE_SIZE, "t1"),
+            PageCall(LIST_PAGE_SIZE, "t2"),
+        ]
+        assert api.list_calls == [("ns", "app=miles")]
+        assert api.probe_calls == []
+        assert api.watch_calls[0].resource_version == "10"
+
+
+async def test_expired_continue_token_restarts_the_paged_list_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 410 on a continuation page: the pods read so far are dropped and the LIST restarts from a
+    consistent first page with no delay; one warning says so."""
+    api = FakePodApi(
+        lists=[
+            page("10", "a", more="t1"),
+            KubernetesApiError(410, "Expired", "continue token expired"),
+            page("20", "a", more="t3"),
+            page("20", "b"),
+        ],
+    )
+    with caplog.at_level(logging.WARNING):
+        async with running(api, FakeClock()) as run:
+            (replace,) = run.events
+            assert isinstance(replace, ReplaceEvent)
+            assert {k: o.metadata.resource_version for k, o in replace.objects.items()} == {
+                "a": "20",
+                "b": "20",
+            }
+            assert api.page_calls == [
+                PageCall(LIST_PAGE_SIZE, None),
+                PageCall(LIST_PAGE_SIZE, "t1"),
+                PageCall(LIST_PAGE_SIZE, None),
+                PageCall(LIST_PAGE_SIZE, "t3"),
+            ]
+            assert len(api.list_calls) == 2
+            assert api.watch_calls[0].resource_version == "20"
+    (line,) = [r.getMessage() for r in caplog.records if "continue token expired" in r.getMessage()]
+    assert "after 1 pods" in line
+
+
+async def test_other_failure_on_a_continuation_retries_the_whole_list_after_retry_delay() -> None:
+    """Any other failure mid-LIST fails the LIST: it restarts from a first page ``retry_delay``
+    later, never from the token."""
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("10", "a", more="t1"), KubernetesApiError(500, "x"), page("11", "a", "b")]
+    )
+    async with running(api, clock) as run:
+        assert run.events == []
+        await clock.advance(RETRY)
+        (replace,) = run.events
+        assert isinstance(replace, ReplaceEvent)
+        assert sorted(replace.objects) == ["a", "b"]
+        assert [c.continue_token for c in api.page_calls] == [None, "t1", None]
+
+
+async def test_cursor_probe_stays_unpaged() -> None:
+    """The probe is one LIST of ``limit=1`` from the cursor: a continue token in its answer is
+    not followed, and its page never becomes a ``ReplaceEvent``."""
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("10", "a")],
+        watches=[[hold(clock, 1.0)]],
+        probes=[page("30", "c", more="t9")],
+    )
+    async with running(api, clock) as run:
+        await clock.advance(1.0)
+        assert api.probe_calls == [ProbeCall("ns", "app=miles", "10", 1)]
+        assert api.page_calls == [PageCall(LIST_PAGE_SIZE, None)]
+        assert [type(e) for e in run.events] == [ReplaceEvent]
+        assert [c.resource_version for c in api.watch_calls] == ["10", "10"]
