@@ -105,11 +105,11 @@ class RecordingPodApi:
         if continue_token is None:
             self.list_attempts += 1
             self._pending = []
-        continuation: dict[str, Any] = {}
-        if continue_token is not None:
-            continuation.update(continue_token=continue_token)
         page = await self._inner.list_pods(
-            namespace=namespace, label_selector=label_selector, limit=limit, **continuation
+            namespace=namespace,
+            label_selector=label_selector,
+            limit=limit,
+            continue_token=continue_token,
         )
         self.pages.append(page)
         self._pending.append(page)

@@ -24,7 +24,6 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.k8s_api import (
@@ -155,16 +154,11 @@ class KubernetesReflector:
                 raise _ContinueExpired(len(pods), _reason(err)) from err
 
     async def _list_page(self, *, continue_token: str | None) -> PodListPage:
-        """``continue_token`` is passed only on a continuation, so a ``KubernetesPodApi`` written
-        before paging still serves every LIST that fits in one page."""
-        continuation: dict[str, Any] = {}
-        if continue_token is not None:
-            continuation.update(continue_token=continue_token)
         return await self._api.list_pods(
             namespace=self._namespace,
             label_selector=self._label_selector,
             limit=LIST_PAGE_SIZE,
-            **continuation,
+            continue_token=continue_token,
         )
 
     async def _probe(self, cursor: str) -> _Next:
