@@ -26,15 +26,10 @@ class WorkQueue(Generic[K]):
         self._shut_down = False
 
     def add(self, key: K) -> None:
-        if self._shut_down or key in self._queued:
-            return
-        self._queued.add(key)
-        self._order.append(key)
-        if self._waiter is not None:
-            self._wake()
+        self.add_all((key,))
 
     def add_all(self, keys: Iterable[K]) -> None:
-        """``add`` for each key, in iteration order, waking the waiter at most once."""
+        """Queues each key not yet queued, in iteration order; wakes the waiter at most once."""
         if self._shut_down:
             return
         queued, order = self._queued, self._order
