@@ -203,8 +203,9 @@ class TcpProxy:
             connection.abort()
         if self._server is not None:
             self._server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        if tasks:
+        # A connection accepted while closing starts a handler task of its own: repeat until none
+        # is left, so none is still connecting upstream when the loop closes.
+        while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
             _, pending = await asyncio.wait(tasks, timeout=_CLOSE_GRACE)
             for task in pending:
                 task.cancel()
