@@ -1,0 +1,28 @@
+"""Constructor argument checks shared by the runtime's classes. Go: none (Go's types are checked
+by the compiler; a zero ``time.Duration`` is Go's usual "off", which ``optional_period`` keeps).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def positive_finite(name: str, value: float) -> float:
+    """``value`` as a float if it is a finite number above zero; else ``ValueError`` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a finite positive number of seconds, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def optional_period(name: str, value: float | None) -> float | None:
+    """A period that may be switched off: ``None`` or ``<= 0`` is off (``None``); a positive
+    value must be finite; anything else is a ``ValueError`` naming the argument."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"{name} must be a number of seconds or None, got {value!r}")
+    if value <= 0:
+        return None
+    return positive_finite(name, value)

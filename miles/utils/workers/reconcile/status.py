@@ -1,0 +1,96 @@
+"""The loop's own state as a frozen snapshot. Go: none in client-go or controller-runtime, which
+answer the same questions with metrics and logs; this is what a person or the command line reads.
+
+Every time in a snapshot is a reading of the loop's ``Clock`` (monotonic seconds, a ``FakeClock``'s
+in tests), never wall time: ``LoopStatus.taken_at`` is the same clock's reading when the snapshot
+was taken, so an age is ``taken_at - t`` and wall time is ``time.time() - (taken_at - t)``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from miles.utils.workers.reconcile.source_event import ParentKey
+
+
+class SourcePhase(enum.StrEnum):
+    """What the source is doing. A Kubernetes reflector moves LISTING → WATCHING, and on
+    failure to BACKING_OFF (``SourceStatus.backoff_until``) or RELISTING (``relist_reason``)."""
+
+    STARTING = "starting"
+    LISTING = "listing"
+    WATCHING = "watching"
+    BACKING_OFF = "backing off"
+    RELISTING = "relisting"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """What a source reports about itself; a source that knows less leaves the rest at defaults.
+
+    ``suspect`` is set by a source that expected to hear from its server (an event or a bookmark)
+    within a stated bound and did not: the stream may be silently dead.
+    """
+
+    phase: SourcePhase = SourcePhase.STARTING
+    phase_since: float | None = None
+    cursor: str | None = None
+    backoff_until: float | None = None
+    relist_reason: str | None = None
+    last_event_at: float | None = None
+    last_bookmark_at: float | None = None
+    events: int = 0
+    lists: int = 0
+    watches: int = 0
+    watch_restarts: int = 0
+    relists: Mapping[str, int] = field(default_factory=dict)
+    """Relists after the first LIST, by reason (e.g. ``"expired"``, ``"watch failed"``)."""
+    last_error: str | None = None
+    last_error_at: float | None = None
+    suspect: bool = False
+
+
+@runtime_checkable
+class StatusReporter(Protocol):
+    """Optional capability of a source: ``ReconcileLoop`` finds it on the ``source`` callable or,
+    for a bound method such as ``reflector.watch``, on the object it is bound to."""
+
+    def source_status(self) -> SourceStatus: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RetryStatus:
+    """A parent waiting for a retry after ``failures`` failed reconciles in a row."""
+
+    parent: ParentKey
+    failures: int
+    next_attempt_at: float
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileInFlight:
+    """The reconcile the worker is running now, since ``started_at``."""
+
+    parent: ParentKey
+    started_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStatus:
+    """One snapshot of a ``ReconcileLoop``: ``ReconcileLoop.status()``."""
+
+    name: str
+    taken_at: float
+    synced: bool
+    source: SourceStatus
+    events_applied: int = 0
+    reconciles: int = 0
+    reconcile_failures: int = 0
+    queue_depth: int = 0
+    retries: tuple[RetryStatus, ...] = ()
+    in_flight: ReconcileInFlight | None = None
