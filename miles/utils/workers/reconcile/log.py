@@ -1,0 +1,32 @@
+"""Log lines that say which loop spoke. Go: klog's ``LoggerWithName`` (client-go's reflector logs
+carry the reflector's name, ``reflector.go``'s ``name`` field).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping
+from typing import Any
+
+LOOP_NAME_FIELD = "reconcile_loop"
+"""The ``LogRecord`` attribute that carries the loop's name, for handlers that filter on it."""
+
+
+class NamedLogger(logging.LoggerAdapter[logging.Logger]):
+    """Prefixes every message with ``[name]`` and sets ``record.reconcile_loop`` to ``name``."""
+
+    def __init__(self, logger: logging.Logger, name: str) -> None:
+        super().__init__(logger, {LOOP_NAME_FIELD: name})
+        self.loop_name = name
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), LOOP_NAME_FIELD: self.loop_name}
+        return f"[{self.loop_name}] {msg}", kwargs
+
+
+def default_loop_name(namespace: str, label_selector: str) -> str:
+    """A loop's name when none is given: ``namespace/selector`` (``namespace`` alone if the
+    selector is empty)."""
+    return f"{namespace}/{label_selector}" if label_selector else namespace
