@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.apiserver_proc import NAMESPACE, SELECTOR
-from tests.fast.utils.workers.reconcile.k8s_fakes import realistic_pod
+from miles.utils.k8s_testenv.testing.k8s_fakes import realistic_pod
 
 SERVER_OWNED_METADATA = ("uid", "resourceVersion", "creationTimestamp", "managedFields")
 VOLUMES = [

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from miles.utils.k8s_testenv.testing.k8s_fakes import frame, list_body, pod_bytes, realistic_pod
 from miles.utils.workers.reconcile.k8s_api import decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.k8s_types import Pod
-from tests.fast.utils.workers.reconcile.k8s_fakes import frame, list_body, pod_bytes, realistic_pod
 
 
 def best_us(fn: Callable[[], object], number: int, rounds: int = 5) -> float:

@@ -8,10 +8,11 @@ Run from the repository root::
     .venv/bin/python -m bench.soak --plan ci --seed 1         # the CI scenario, once
 
 It starts its own etcd, two kube-apiservers and KWOK (the pinned binaries are built first if
-missing), runs `tests/e2e/differential/harness.py` until the time is up (the step in flight is
-finished), and prints: operations applied, faults injected by kind, checkpoints compared,
-divergences, relists, and the median and worst convergence time after each fault kind for ours and
-for client-go side by side. Exit status 0 only when every checkpoint was compared and none diverged.
+missing), runs `miles.utils.k8s_testenv.testing.differential.harness` until the time is up (the
+step in flight is finished), and prints: operations applied, faults injected by kind, checkpoints
+compared, divergences, relists, and the median and worst convergence time after each fault kind for
+ours and for client-go side by side. Exit status 0 only when every checkpoint was compared and none
+diverged.
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ import time
 from pathlib import Path
 
 from miles.utils.k8s_testenv import EnvSettings, K8sTestEnvError, ensure_binaries
-from tests.e2e.differential.environment import DifferentialEnvironment, differential_environment
-from tests.e2e.differential.harness import (
+from miles.utils.k8s_testenv.testing.differential.environment import (
+    DifferentialEnvironment,
+    differential_environment,
+)
+from miles.utils.k8s_testenv.testing.differential.harness import (
     DifferentialHarness,
     DivergenceError,
     HarnessAborted,
     HarnessConfig,
     logs_to,
 )
-from tests.e2e.differential.scenario import ci_plan
-from tests.e2e.differential.stats import Stats
+from miles.utils.k8s_testenv.testing.differential.scenario import ci_plan
+from miles.utils.k8s_testenv.testing.differential.stats import Stats
 
 
 def _say(line: str) -> None:

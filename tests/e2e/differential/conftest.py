@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from miles.utils.k8s_testenv import BinaryPaths, EnvSettings
-from tests.e2e.differential.environment import DifferentialEnvironment, differential_environment
+from miles.utils.k8s_testenv.testing.differential.environment import (
+    DifferentialEnvironment,
+    differential_environment,
+)
 
 _LAYER_DIR = Path(__file__).parent
 SEED_ENV = "MILES_DIFF_SEED"

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.differential.environment import DifferentialEnvironment
-from tests.e2e.differential.harness import (
+from miles.utils.k8s_testenv.testing.differential.environment import DifferentialEnvironment
+from miles.utils.k8s_testenv.testing.differential.harness import (
     DifferentialHarness,
     HarnessAborted,
     HarnessConfig,
     logs_to,
 )
-from tests.e2e.differential.oracle_client import process_gone
-from tests.e2e.differential.scenario import FaultKind, OpKind, ci_plan
+from miles.utils.k8s_testenv.testing.differential.oracle_client import process_gone
+from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, ci_plan
 
 
 def _to_terminal(line: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.differential.oracle_client import (
+from miles.utils.k8s_testenv.testing.differential.oracle_client import (
     OracleError,
     OracleProcess,
     parse_snapshot,

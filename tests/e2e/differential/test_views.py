@@ -6,7 +6,7 @@ and the view, and expects the recorded deviation (parent-less pods are not in ou
 
 from __future__ import annotations
 
-from tests.e2e.differential.views import Comparison, PodRow
+from miles.utils.k8s_testenv.testing.differential.views import Comparison, PodRow
 
 A = PodRow(uid="uid-a-000000", resource_version="10", parent="cell-0")
 B = PodRow(uid="uid-b-000000", resource_version="11", parent="cell-1")

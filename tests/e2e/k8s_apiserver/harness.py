@@ -1,8 +1,9 @@
 """Layer: real apiserver, no kubelet. Shared helpers for the runtime tests of this layer.
 
-- `replay_members`: folds the log of a `RecordingPodApi` (`tests/e2e/pod_api_recorder.py`) into
-  what the store must hold for a parent after a prefix of it, so a test can check each reconcile
-  against exactly the events that preceded it.
+- `replay_members`: folds the log of a `RecordingPodApi`
+  (`miles.utils.k8s_testenv.testing.pod_api_recorder`) into what the store must hold for a parent
+  after a prefix of it, so a test can check each reconcile against exactly the events that
+  preceded it.
 - `Cells`: a `ReconcileLoop` over a `KubernetesReflector` on a recording api, keyed by `CELL_LABEL`,
   recording every reconcile with the members it read and how much of the log had arrived.
 - `eventually`: a bounded wait on a polled condition that fails naming what it awaited.
@@ -17,11 +18,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
 from miles.utils.workers.reconcile.k8s_api import PodListPage
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
-from tests.e2e.pod_api_recorder import LogEntry, RecordingPodApi
 
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/selected"

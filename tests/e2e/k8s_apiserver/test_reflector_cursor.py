@@ -18,6 +18,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import ApiClientFactory, ApiServerName, LocalControlPlane
+from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
 from miles.utils.workers.reconcile.k8s_api import (
     KubernetesApiError,
     KubernetesAsyncioPodApi,
@@ -34,7 +35,6 @@ from tests.e2e.k8s_apiserver.harness import (
     eventually,
     future_cursor,
 )
-from tests.e2e.pod_api_recorder import RecordingPodApi
 
 pytestmark = pytest.mark.k8s_apiserver
 

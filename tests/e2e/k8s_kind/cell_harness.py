@@ -14,10 +14,10 @@ from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import api_client
 from miles.utils.k8s_testenv.kubelet import KubeletLayer, create_namespace
+from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
-from tests.e2e.pod_api_recorder import RecordingPodApi
 
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/e2e"

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from miles.utils.k8s_testenv.testing.k8s_fakes import PARENT_LABEL, FakePodApi
+from miles.utils.k8s_testenv.testing.k8s_fakes import pod as k8s_pod
 from miles.utils.workers.reconcile import cli
 from miles.utils.workers.reconcile.cli.build_progress import progress_line, run_with_progress
 from miles.utils.workers.reconcile.cli.demo import Verdict, group_by_parent, story, until_stopped
@@ -37,8 +39,6 @@ from miles.utils.workers.reconcile.cli.watch_view import (
 from miles.utils.workers.reconcile.k8s_api import KubernetesApiError, PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_types import Pod
 from tests.fast.utils.workers.reconcile.fakes import run_until
-from tests.fast.utils.workers.reconcile.k8s_fakes import PARENT_LABEL, FakePodApi
-from tests.fast.utils.workers.reconcile.k8s_fakes import pod as k8s_pod
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

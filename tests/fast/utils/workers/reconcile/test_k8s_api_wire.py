@@ -20,6 +20,14 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
 
+from miles.utils.k8s_testenv.testing.k8s_fakes import (
+    bookmark,
+    frame,
+    list_body,
+    pod_bytes,
+    realistic_pod,
+    status,
+)
 from miles.utils.workers.reconcile.clock import RealClock
 from miles.utils.workers.reconcile.k8s_api import (
     FrameDecodeError,
@@ -29,14 +37,6 @@ from miles.utils.workers.reconcile.k8s_api import (
 )
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.source_event import ReplaceEvent, SourceEvent, UpsertEvent
-from tests.fast.utils.workers.reconcile.k8s_fakes import (
-    bookmark,
-    frame,
-    list_body,
-    pod_bytes,
-    realistic_pod,
-    status,
-)
 
 TOKEN = "sekret-bearer-token-0123456789"
 WIRE = Path(__file__).parent / "wire"

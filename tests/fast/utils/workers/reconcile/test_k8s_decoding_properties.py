@@ -15,6 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from miles.utils.k8s_testenv.testing.k8s_fakes import (
+    frame,
+    list_body,
+    realistic_pod,
+    status,
+)
 from miles.utils.workers.reconcile import k8s_api
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_api import (
@@ -31,12 +37,6 @@ from miles.utils.workers.reconcile.source_event import (
     ReplaceEvent,
     SourceEvent,
     UpsertEvent,
-)
-from tests.fast.utils.workers.reconcile.k8s_fakes import (
-    frame,
-    list_body,
-    realistic_pod,
-    status,
 )
 
 json_values = st.recursive(

@@ -9,6 +9,13 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from miles.utils.k8s_testenv.testing.k8s_fakes import (
+    FakePodApi,
+    PageCall,
+    ProbeCall,
+    Step,
+    pod,
+)
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_api import (
     FrameDecodeError,
@@ -22,13 +29,6 @@ from miles.utils.workers.reconcile.source_event import (
     ReplaceEvent,
     SourceEvent,
     UpsertEvent,
-)
-from tests.fast.utils.workers.reconcile.k8s_fakes import (
-    FakePodApi,
-    PageCall,
-    ProbeCall,
-    Step,
-    pod,
 )
 
 RETRY = 2.0

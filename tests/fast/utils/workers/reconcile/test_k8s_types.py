@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from miles.utils.workers.reconcile import k8s_types
-from miles.utils.workers.reconcile.k8s_types import ContainerState, Pod, WatchFrame
-from tests.fast.utils.workers.reconcile.k8s_fakes import (
+from miles.utils.k8s_testenv.testing.k8s_fakes import (
     PARENT_LABEL,
     pod_bytes,
     realistic_pod,
     status,
 )
+from miles.utils.workers.reconcile import k8s_types
+from miles.utils.workers.reconcile.k8s_types import ContainerState, Pod, WatchFrame
 
 
 def _snake(value: Any) -> Any:

@@ -15,7 +15,7 @@ from typing import Any
 
 from miles.utils.k8s_testenv.client import api_client
 from miles.utils.k8s_testenv.control_plane import LocalControlPlane
-from tests.fast.utils.workers.reconcile.k8s_fakes import PARENT_LABEL, realistic_pod
+from miles.utils.k8s_testenv.testing.k8s_fakes import PARENT_LABEL, realistic_pod
 
 HERE = Path(__file__).parent
 NAMESPACE = "wire"

@@ -38,15 +38,15 @@ from urllib.parse import urlsplit
 from miles.utils.k8s_testenv import ApiServerName, ControlPlane, FaultUnsupportedError, api_client
 from miles.utils.k8s_testenv.kwok import Kwok
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
+from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleError, OracleProcess
+from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, Step, soak_step
+from miles.utils.k8s_testenv.testing.differential.stats import Convergence, Stats
+from miles.utils.k8s_testenv.testing.differential.views import Comparison, PodRow, View, view_of
+from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
-from tests.e2e.differential.oracle_client import OracleError, OracleProcess
-from tests.e2e.differential.scenario import FaultKind, OpKind, Step, soak_step
-from tests.e2e.differential.stats import Convergence, Stats
-from tests.e2e.differential.views import Comparison, PodRow, View, view_of
-from tests.e2e.pod_api_recorder import RecordingPodApi
 
 logger = logging.getLogger(__name__)
 

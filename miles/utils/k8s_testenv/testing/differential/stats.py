@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tests.e2e.differential.scenario import FaultKind
+from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The differential harness: our `ReconcileLoop` beside client-go's Reflector and Store."""
