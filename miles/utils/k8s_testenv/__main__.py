@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from miles.utils.k8s_testenv.binaries import SPECS, ensure_binaries
 from miles.utils.k8s_testenv.control_plane import LocalControlPlane
 from miles.utils.k8s_testenv.errors import K8sTestEnvError
-from miles.utils.k8s_testenv.state import running_planes, stop_plane
+from miles.utils.k8s_testenv.state import planes_named, running_planes, stop_plane
 
 
 def _build(args: argparse.Namespace) -> None:
@@ -44,11 +44,10 @@ def _wait_for_interrupt() -> None:
 
 
 def _down(args: argparse.Namespace) -> None:
-    planes = [
-        plane
-        for plane in running_planes()
-        if plane.work_dir.name in args.names or (not args.names and (args.all or plane.abandoned))
-    ]
+    if args.names:
+        planes = planes_named(args.names)
+    else:
+        planes = [plane for plane in running_planes() if args.all or plane.abandoned]
     if not planes:
         print("k8s_testenv: nothing is running")
     for plane in planes:
@@ -79,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.run(args)
     except K8sTestEnvError as err:
         print(f"k8s_testenv: {err}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

@@ -217,7 +217,9 @@ class LocalControlPlane:
         lines.append(f"  etcd     {self.etcd.client_url}")
         lines.append(f"export KUBECONFIG={self.cached_kubeconfig}")
         if state_file is not None:
-            lines.append(f"stop it with: python -m miles.utils.k8s_testenv down  ({state_file})")
+            lines.append(
+                f"stop it with: python -m miles.utils.k8s_testenv down {self.work_dir.name}"
+            )
         return "\n".join(lines)
 
     def restart_apiserver(self, name: ApiServerName) -> None:

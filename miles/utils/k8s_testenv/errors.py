@@ -33,6 +33,15 @@ class ComponentStartError(K8sTestEnvError):
         )
 
 
+class UnknownPlaneError(K8sTestEnvError):
+    """`down NAME` names no control plane of this user's that is running."""
+
+    def __init__(self, *, name: str, running: Sequence[str]) -> None:
+        known = f"running: {', '.join(running)}" if running else "none is running"
+        super().__init__(f"no control plane named {name!r} ({known}); `env down` lists them")
+        self.name = name
+
+
 class FaultUnsupportedError(K8sTestEnvError):
     """A fault needs processes this environment does not own (e.g. a reused cluster)."""
 

@@ -1,21 +1,29 @@
-"""State files of running control planes, so `down` can stop kept or orphaned ones.
+"""State files of running control planes, so `down` can stop kept or orphaned ones. Go: kwokctl's
+per-user cluster folders (`~/.kwok/clusters/NAME`).
 
-Every local control plane records itself in `.cache/k8s-env/<folder>.json` while it runs, with the
-pid of the Python process that owns it, or no owner once it was left running on purpose.
+Every local control plane records itself in `planes/<name>.json` under the user's state folder
+(`$XDG_STATE_HOME/miles-reconcile`, see `user_dirs`) while it runs, with the pid of the Python
+process that owns it, or no owner once it was left running on purpose. Its name is the name of its
+temporary folder (`miles-k8s-...`). Being per user, `down` sees only this user's planes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles.utils.k8s_testenv.binaries import repo_root
+from miles.utils.k8s_testenv.errors import UnknownPlaneError
 from miles.utils.k8s_testenv.process import stop_process_group
+from miles.utils.k8s_testenv.user_dirs import user_state_dir
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -27,13 +35,24 @@ class RunningPlane:
     owner_pid: int | None
 
     @property
+    def name(self) -> str:
+        return self.work_dir.name
+
+    @property
+    def owner(self) -> str:
+        """Who holds the plane, in words, for a listing."""
+        if self.owner_pid is None:
+            return "left running"
+        return f"owned by pid {self.owner_pid}" + ("" if _alive(self.owner_pid) else " (gone)")
+
+    @property
     def abandoned(self) -> bool:
         """Left running on purpose, or its owner is gone (the orphans of a killed test run)."""
         return self.owner_pid is None or not _alive(self.owner_pid)
 
 
 def state_dir() -> Path:
-    return repo_root() / ".cache" / "k8s-env"
+    return user_state_dir() / "planes"
 
 
 def state_file(work_dir: Path) -> Path:
@@ -62,18 +81,37 @@ def running_planes() -> list[RunningPlane]:
         return []
     planes = []
     for path in sorted(directory.glob("*.json")):
-        state = json.loads(path.read_text())
-        owner = state.get("owner_pid")
-        planes.append(
-            RunningPlane(
-                state_file=path,
-                work_dir=Path(state["work_dir"]),
-                pids={name: int(pid) for name, pid in state["pids"].items()},
-                kubeconfigs=dict(state["kubeconfigs"]),
-                owner_pid=int(owner) if owner is not None else None,
+        try:
+            planes.append(_read_state(path))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            _log.warning(
+                "ignoring unreadable state file %s (%s: %s); remove it",
+                path,
+                type(exc).__name__,
+                exc,
             )
-        )
     return planes
+
+
+def planes_named(names: Sequence[str]) -> list[RunningPlane]:
+    """The running planes with these names, in the order given; an unknown name is an error."""
+    running = {plane.name: plane for plane in running_planes()}
+    unknown = [name for name in names if name not in running]
+    if unknown:
+        raise UnknownPlaneError(name=unknown[0], running=sorted(running))
+    return [running[name] for name in names]
+
+
+def _read_state(path: Path) -> RunningPlane:
+    state = json.loads(path.read_text())
+    owner = state.get("owner_pid")
+    return RunningPlane(
+        state_file=path,
+        work_dir=Path(state["work_dir"]),
+        pids={name: int(pid) for name, pid in state["pids"].items()},
+        kubeconfigs=dict(state["kubeconfigs"]),
+        owner_pid=int(owner) if owner is not None else None,
+    )
 
 
 def stop_plane(plane: RunningPlane) -> None:

@@ -22,19 +22,11 @@ def describe_failure(exc: BaseException) -> str | None:
         return str(exc)
     if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in KUBERNETES_EXTRA:
         return f"{exc.name} is not installed: pip install 'miles-reconcile[k8s]'"
-    if _is_testenv_failure(exc):
-        return str(exc)
     if isinstance(exc, TimeoutError):
         return "timed out waiting for the apiserver"
     if isinstance(exc, KubernetesApiError):
         return _describe_status(exc.code, exc.message or exc.reason)
     return _describe_kubernetes_failure(exc) or _describe_connection_failure(exc)
-
-
-def _is_testenv_failure(exc: BaseException) -> bool:
-    from miles.utils.k8s_testenv.errors import K8sTestEnvError
-
-    return isinstance(exc, K8sTestEnvError)
 
 
 def _describe_kubernetes_failure(exc: BaseException) -> str | None:

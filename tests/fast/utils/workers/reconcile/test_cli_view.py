@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +13,6 @@ import pytest
 from miles.utils.k8s_testenv.testing.k8s_fakes import PARENT_LABEL, FakePodApi
 from miles.utils.k8s_testenv.testing.k8s_fakes import pod as k8s_pod
 from miles.utils.workers.reconcile import cli
-from miles.utils.workers.reconcile.cli.build_progress import progress_line, run_with_progress
-from miles.utils.workers.reconcile.cli.demo import Verdict, group_by_parent, story, until_stopped
-from miles.utils.workers.reconcile.cli.env_command import env_down
 from miles.utils.workers.reconcile.cli.failures import CliError, describe_failure
 from miles.utils.workers.reconcile.cli.kube_session import kubeconfig_path
 from miles.utils.workers.reconcile.cli.pool_view import (
@@ -388,109 +382,6 @@ async def test_watch_forbidden_list_fails_before_the_loop_starts() -> None:
         await _watch_until(api, lambda out, err: False, options=options)
     assert describe_failure(caught.value) == "forbidden by RBAC: pods is forbidden"
     assert api.watch_calls == []
-
-
-def test_demo_verdict_matches_only_when_names_and_resource_versions_agree() -> None:
-    listed = {"cell-0": {"e-0": "5", "e-1": "6"}}
-    assert Verdict(matched=True, loop_view=listed, listed=listed).lines() == [
-        "verdict: match (1 parents, 2 pods: the loop's view equals a fresh LIST)"
-    ]
-    ours = {"cell-0": {"e-0": "4"}, "cell-9": {"e-9": "1"}}
-    lines = Verdict(matched=False, loop_view=ours, listed=listed).lines()
-    assert lines == [
-        "verdict: MISMATCH (loop view vs fresh LIST)",
-        "  cell-0/e-0: loop has rv 4, LIST has 5",
-        "  cell-0/e-1: in LIST (rv 6), missing from loop",
-        "  cell-9/e-9: in loop (rv 1), not in LIST",
-    ]
-
-
-def test_demo_groups_a_listing_by_parent_and_drops_unlabelled_pods() -> None:
-    pods = [make_pod("e-0", rv="3"), make_pod("e-1", cell="cell-1", rv="4"), make_pod("x", cell="")]
-    assert group_by_parent(pods, parent_label_map("cell")) == {
-        "cell-0": {"e-0": "3"},
-        "cell-1": {"e-1": "4"},
-    }
-
-
-def test_demo_story_covers_every_scripted_event_of_the_issue() -> None:
-    captions = " | ".join(step.caption for step in story())
-    for event in (
-        "create the pool: 3 cells x 4 engines",
-        "scale-up",
-        "container restart",
-        "graceful delete",
-        "relabelled into cell-2",
-        "apiserver restart",
-        "leave the selector",
-    ):
-        assert event in captions
-
-
-async def test_until_stopped_cancels_the_work_when_stop_is_set_first() -> None:
-    stop = asyncio.Event()
-    cancelled = asyncio.Event()
-
-    async def forever() -> int:
-        try:
-            await asyncio.Event().wait()
-        finally:
-            cancelled.set()
-        return 1
-
-    async def done() -> int:
-        return 7
-
-    stop.set()
-    assert await until_stopped(forever(), stop) is None
-    assert cancelled.is_set()
-    assert await until_stopped(done(), asyncio.Event()) == 7
-
-
-async def test_build_progress_echoes_build_lines_off_a_terminal() -> None:
-    out = io.StringIO()
-
-    def build(log: Callable[[str], None]) -> str:
-        log("k8s_testenv: building kube-apiserver (k8s.io/kubernetes v1.36.3) ...")
-        log("k8s_testenv: built kube-apiserver in 301.0s (120.0 MB)")
-        return "paths"
-
-    assert await run_with_progress(build, stream=out, tty=False) == "paths"
-    assert out.getvalue().splitlines() == [
-        "building kube-apiserver (k8s.io/kubernetes v1.36.3) ...",
-        "built kube-apiserver in 301.0s (120.0 MB)",
-    ]
-
-
-def test_build_progress_line_shows_spinner_and_elapsed_time() -> None:
-    line = progress_line("building etcd ...", started=100.0, now=163.0, frame=1)
-    assert line == "/ building etcd ... (1m03s)"
-
-
-async def test_env_down_with_nothing_recorded_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from miles.utils.k8s_testenv import state
-
-    monkeypatch.setattr(state, "state_dir", lambda: tmp_path)
-    out = io.StringIO()
-    await env_down(out=out, err=io.StringIO())
-    assert out.getvalue() == "nothing is running\n"
-
-
-async def test_env_down_stops_abandoned_planes_and_leaves_owned_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from miles.utils.k8s_testenv import state
-
-    monkeypatch.setattr(state, "state_dir", lambda: tmp_path / "state")
-    for name, owner in (("left", None), ("owned", os.getpid())):
-        (tmp_path / name).mkdir()
-        state.write_state(work_dir=tmp_path / name, pids={}, kubeconfigs={}, owner_pid=owner)
-    out = io.StringIO()
-    await env_down(out=out, err=io.StringIO())
-    assert out.getvalue() == f"stopped the control plane in {tmp_path / 'left'}\n"
-    assert [p.work_dir.name for p in state.running_planes()] == ["owned"]
 
 
 def test_live_view_stops_writing_and_reports_once_when_the_reader_goes_away() -> None:

@@ -60,6 +60,85 @@ def test_loop_imports_in_an_environment_without_kubernetes_asyncio(tmp_path: Pat
     assert done.stdout.strip() == "imported ReconcileLoop"
 
 
+_IMPORT_WITHOUT_TESTENV = textwrap.dedent(
+    """
+    import contextlib
+    import importlib
+    import io
+    import pkgutil
+    import sys
+
+    class BlockTestenv:
+        def find_spec(self, name, path=None, target=None):
+            if name == "miles.utils.k8s_testenv" or name.startswith("miles.utils.k8s_testenv."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+            return None
+
+    sys.meta_path.insert(0, BlockTestenv())
+    import miles.utils.workers.reconcile as runtime
+
+    modules = [m.name for m in pkgutil.walk_packages(runtime.__path__, runtime.__name__ + ".")]
+    for module in modules:
+        importlib.import_module(module)
+    from miles.utils.workers.reconcile import cli
+
+    printed = {}
+    for argv in (("watch", "--help"), ("--help",), ("--version",)):
+        with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+            cli.main(list(argv))
+        printed[argv] = out.getvalue()
+    assert "--parent-label" in printed[("watch", "--help")]
+    assert "(cannot be loaded: ModuleNotFoundError)" in printed[("--help",)]
+    assert printed[("--version",)].startswith("miles-reconcile ")
+    leaked = [name for name in sys.modules if name.startswith("miles.utils.k8s_testenv")]
+    assert not leaked, leaked
+    print(len(modules), "modules")
+    """
+)
+
+
+def test_the_runtime_and_its_command_line_never_import_the_test_environment(
+    tmp_path: Path,
+) -> None:
+    """Packaging: what ships as the runtime (every module under ``miles.utils.workers.reconcile``,
+    its command line included, with ``watch --help``, ``--help`` and ``--version`` run) imports
+    with ``miles.utils.k8s_testenv`` blocked; ``env`` and ``demo`` arrive as entry points."""
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_WITHOUT_TESTENV],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[0]) >= 12, done.stdout
+
+
+def test_the_provisioner_imports_nothing_from_the_runtime(tmp_path: Path) -> None:
+    """Packaging: every module of ``miles.utils.k8s_testenv`` but the two that join it to the
+    runtime (``commands``, ``testing``) imports without ``miles.utils.workers``."""
+    probe = textwrap.dedent(
+        """
+        import importlib, pathlib, sys
+        import miles.utils.k8s_testenv as env
+
+        root = pathlib.Path(env.__file__).parent
+        joins = {"commands", "testing"}
+        for path in sorted(root.rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[0] not in joins:
+                importlib.import_module(".".join((env.__name__, *parts)).removesuffix(".__init__"))
+        print([m for m in sys.modules if m.startswith("miles.utils.workers")])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_miles_prefixes_are_namespace_packages() -> None:
     """Packaging: ``miles``, ``miles.utils`` and ``miles.utils.workers`` have no ``__init__.py``,
     so this distribution installs beside other code under the same prefix."""

@@ -3,7 +3,7 @@
 Wraps ``miles.utils.k8s_testenv`` (Go: envtest plus kwokctl): builds the pinned binaries with a
 progress display, starts etcd, both kube-apiservers and KWOK with one fake node (its ``KwokAddon``),
 and either leaves them running (``env up``; ``env down`` stops every process naming the plane's
-folder, KWOK included) or owns them for the length of a demo.
+folder, KWOK included) or owns them for the length of a demo. A plane's name is its folder's.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO, TypeVar
 
-from miles.utils.workers.reconcile.cli.build_progress import LogFn, run_with_progress
+from miles.utils.k8s_testenv.commands.build_progress import LogFn, run_with_progress
 
 T = TypeVar("T")
 REQUIRED_BINARIES = ("etcd", "kube-apiserver")
@@ -108,26 +108,40 @@ async def local_plane(*, out: TextIO) -> AsyncIterator[LocalPlane]:
     finally:
         await asyncio.to_thread(local.plane.__exit__, None, None, None)
         if local.plane.keep:
-            out.write(f"{local.plane.describe()}\nstop it with: miles-reconcile env down\n")
+            out.write(f"{local.plane.describe()}\n{stop_hint(local.plane.work_dir.name)}\n")
+
+
+def stop_hint(name: str) -> str:
+    return f"stop it with: miles-reconcile env down {name}"
 
 
 async def env_up(*, out: TextIO, err: TextIO) -> None:
-    """Start and leave running; stdout is two shell lines, so ``eval "$(... env up)"`` works."""
+    """Start and leave running; stdout is shell lines, so ``eval "$(... env up)"`` works."""
     local = await start_plane(out=err, keep=True)
     local.plane.leave_running()
-    err.write(f"{local.plane.describe()}\nstop it with: miles-reconcile env down\n")
-    out.write(f"# kubeconfig: {local.kubeconfig}\n")
+    name = local.plane.work_dir.name
+    err.write(f"{local.plane.describe()}\n{stop_hint(name)}\n")
+    out.write(f"# control plane {name}; kubeconfig: {local.kubeconfig}\n")
     out.write(f"export KUBECONFIG={local.kubeconfig}\n")
 
 
-async def env_down(*, out: TextIO, err: TextIO) -> None:
-    from miles.utils.k8s_testenv.state import running_planes, stop_plane
+async def env_down(*, names: Sequence[str], out: TextIO, err: TextIO) -> None:
+    """Stop the planes named, or, with no name, list this user's planes and stop those left running
+    on purpose or orphaned by a killed run; a plane a live process still owns (a test session, a
+    running demo) is listed and left alone."""
+    from miles.utils.k8s_testenv.state import planes_named, running_planes, stop_plane
 
-    """Stop every control plane left running on purpose or orphaned by a killed run; planes a
-    live process still owns (a test session, a running demo) are left alone."""
-    planes = [plane for plane in running_planes() if plane.abandoned]
+    if names:
+        for plane in planes_named(names):
+            await asyncio.to_thread(stop_plane, plane)
+            out.write(f"stopped {plane.name} ({plane.owner})\n")
+        return
+    planes = running_planes()
     if not planes:
         out.write("nothing is running\n")
     for plane in planes:
-        await asyncio.to_thread(stop_plane, plane)
-        out.write(f"stopped the control plane in {plane.work_dir}\n")
+        if plane.abandoned:
+            await asyncio.to_thread(stop_plane, plane)
+            out.write(f"stopped {plane.name} ({plane.owner})\n")
+        else:
+            out.write(f"left {plane.name} running ({plane.owner}); {stop_hint(plane.name)}\n")

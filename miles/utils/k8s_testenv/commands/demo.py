@@ -410,7 +410,7 @@ async def until_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T 
 
 
 async def run_demo(*, short: bool, out: TextIO, err: TextIO) -> int:
-    from miles.utils.workers.reconcile.cli.env_command import local_plane
+    from miles.utils.k8s_testenv.commands.env_command import local_plane
 
     async def demo() -> Verdict:
         async with local_plane(out=err) as plane:
