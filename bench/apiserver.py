@@ -1,41 +1,48 @@
-"""Against a real kube-apiserver: ours, ``kubernetes_asyncio``'s own models, and client-go.
+"""Against a real kube-apiserver: ours, ``kubernetes_asyncio``'s own models, client-go and kube-rs.
 
 Run from the repository root::
 
     .venv/bin/python -m bench.apiserver                 # 10,000 pods over 1,000 parents, 3 rounds
     .venv/bin/python -m bench.apiserver --quick         # 1,000 pods over 100 parents, 1 round
     .venv/bin/python -m bench.apiserver --profile ours  # then one cProfiled run of ours
+    .venv/bin/python -m bench.apiserver --growth 1000 10000 30000   # the sync at each size, a plot
 
 It starts a local control plane (etcd plus a kube-apiserver with its watch cache on; or reuses
-``MILES_K8S_KUBECONFIG``), creates ``--pods`` realistic pods (``bench/apiserver_seed.py``) once, and
-then, for ``--rounds`` rounds, runs each contender alone, one after another, each in its own
-process against the same apiserver state (the order rotates every round):
+``MILES_K8S_KUBECONFIG``, e.g. one left running with ``MILES_K8S_KEEP=1``, whose seeded pods it
+then reuses), creates ``--pods`` realistic pods (``bench/apiserver_seed.py``, one namespace per pool
+size) once, and then, for ``--rounds`` rounds, runs each contender alone, one after another, each
+in its own process against the same apiserver state (the order rotates every round):
 
 - ours: ``ReconcileLoop`` over ``KubernetesReflector`` and ``KubernetesAsyncioPodApi``;
 - kubernetes_asyncio: the same ``ReconcileLoop`` over a reflector on ``kubernetes_asyncio``'s
   ``Watch`` and ``V1Pod`` models (``bench/apiserver_ka_reflector.py``);
-- client-go: ``tools/k8s/oracle``, client-go's ``Reflector`` and ``Store``.
+- client-go: ``tools/k8s/oracle``, client-go's ``Reflector`` and ``Store``;
+- kube-rs: ``tools/kube-rs-oracle``, kube-runtime's ``watcher`` (default ``Config``) into a
+  ``reflector::store::<Pod>()``, built with cargo on first use (``bench/apiserver_kube_rs.py``).
 
-What is measured, per contender and round (the figure printed is the median over the rounds, and
-each ratio the median of the per-round ratios, so that one noisy round moves neither):
+A contender that cannot be built is skipped with one line saying why; the rest run, and the exit
+status reflects the targets that could be judged. What is measured, per contender and round (the
+figure printed is the median over the rounds, and each ratio the median of per-round ratios):
 
-- LIST-to-synced: from just before the API client is built (for client-go: just before its process
-  starts) until the store holds every pod and, for the Python contenders, every parent has been
-  reconciled once;
+- LIST-to-synced: from just before the API client is built (for the compiled contenders: just
+  before their process starts) until the store holds every pod and, for the Python contenders,
+  every parent has been reconciled once; beside it the contender's CPU, and the apiserver's CPU
+  and peak RSS over the same span, read from its ``/proc``. The wire's floor is the same LIST in
+  pages of 500, read raw, decoding nothing;
 - memory: the growth of the process's resident set (``VmRSS``) from before the LIST to the moment
-  of sync, per stored pod. For client-go "before" is an oracle synced to an empty selection;
+  of sync, per stored pod. For the compiled contenders "before" is the same program synced to an
+  empty selection;
 - WATCH ingestion: a writer process (``bench/apiserver_writer.py``) patches a label and an
   annotation of random pods, ``--writer-concurrency`` patches in flight, for ``--watch-seconds``.
   The rate is the writer's events divided by the time from the writer's start until the contender
   has applied its last one; the lag of an event is the time from the writer receiving the
-  apiserver's acknowledgement (the new resourceVersion) until the contender's store holds that
-  resourceVersion (median and p99 over every event); the CPU per event is the contender's CPU time
-  over the phase divided by its events;
+  apiserver's acknowledgement until the contender's store holds that resourceVersion; the CPU per
+  event is the contender's CPU over an unpolled window divided by the writer's events (see
+  ``bench/apiserver_measure.py``);
 - reconcile dispatch latency, under that load: from an event being applied to the store until
-  the reconcile of its parent starts (median and p99 over every event). The oracle has no
-  controller, so it has no figure here.
+  the reconcile of its parent starts. The compiled contenders have no controller, so no figure.
 
-In every ratio column a number above 1 means ours is better (faster, smaller, higher rate).
+``--growth`` measures only the sync, at each pool size, and writes a plot of cost per pod.
 """
 
 from __future__ import annotations
@@ -46,377 +53,207 @@ import contextlib
 import json
 import os
 import pstats
-import statistics
+import re
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.apiserver_oracle import baseline_rss, oracle_process
-from bench.apiserver_proc import REPO_ROOT, child_argv, cpu_seconds, rss_bytes
-
-CONTENDERS = ("ours", "ka", "go")
-TITLES = {
-    "ours": "ours",
-    "ka": "kubernetes_asyncio",
-    "go": "client-go",
-}
-COLUMNS = {
-    "ours": "ours",
-    "ka": "k8s_asyncio",
-    "go": "client-go",
-}
-LINE_LIMIT = 256 * 2**20
-SYNC_TIMEOUT = 600.0
-POLL_COST_SHARE = 5.0
-"""Oracle polls are spaced at least this many snapshot costs apart: at most 20% of a core."""
-Values = dict[str, float | None]
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    unit: str
-    scale: float
-    higher_is_better: bool
-
-
-METRICS: dict[str, Metric] = {
-    "sync_s": Metric("LIST-to-synced", "s", 1.0, False),
-    "sync_cpu_s": Metric("  CPU the contender spent on it", "s", 1.0, False),
-    "rss_per_pod": Metric("RSS growth per stored pod", "KiB", 1 / 1024, False),
-    "rss_trimmed_per_pod": Metric("  the same after gc + malloc_trim", "KiB", 1 / 1024, False),
-    "events_per_s": Metric("WATCH events applied per second", "ev/s", 1.0, True),
-    "lag_p50": Metric("WATCH lag behind the apiserver, median", "ms", 1e3, False),
-    "lag_p99": Metric("WATCH lag behind the apiserver, p99", "ms", 1e3, False),
-    "cpu_per_event": Metric("contender CPU per WATCH event", "us", 1e6, False),
-    "dispatch_p50": Metric("reconcile dispatch latency, median", "us", 1e6, False),
-    "dispatch_p99": Metric("reconcile dispatch latency, p99", "us", 1e6, False),
-    "writer_rate": Metric("writer: patches acknowledged per second", "ev/s", 1.0, True),
-    "gc_sync_s": Metric("cyclic GC pauses during sync, total", "ms", 1e3, False),
-    "gc_watch_max_s": Metric("longest cyclic GC pause during WATCH", "ms", 1e3, False),
-}
-
-
-@dataclass(frozen=True)
-class Target:
-    metric: str
-    other: str
-    at_least: float
-    text: str
-
-
-TARGETS = (
-    Target("sync_s", "ka", 6.0, ">= 6x faster than kubernetes_asyncio"),
-    Target("sync_s", "go", 1.0, "no slower than client-go"),
-    Target("events_per_s", "go", 0.5, ">= half of client-go's rate"),
-    Target("rss_per_pod", "go", 1.0, "no more than client-go"),
+from bench.apiserver_kube_rs import ContenderUnavailable, ensure_kube_rs
+from bench.apiserver_measure import Env, Scenario, Values, measure_compiled, measure_python
+from bench.apiserver_proc import SELECTOR
+from bench.apiserver_report import (
+    TITLES,
+    Results,
+    check_targets,
+    fmt,
+    plot_growth,
+    print_cpu_rounds,
+    print_growth,
+    print_notes,
+    print_table,
 )
+from bench.apiserver_seed import namespace_for
+
+CONTENDERS = ("ours", "ka", "go", "kube-rs")
+COMPILED = ("go", "kube-rs")
+PAGE_SIZE = 500
+DEFAULT_PLOT = Path("docs") / "apiserver-growth.png"
+_CONTINUE = re.compile(rb'"continue":"([^"]*)"')
 
 
-@dataclass(frozen=True)
-class Env:
-    kubeconfig: Path
-    oracle: Path
-    logs: Path
-    compact: Callable[[], object] | None
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-@dataclass
-class WriterRun:
-    started: float
-    acks: list[tuple[float, int]]
-    errors: int
-
-    @property
-    def last_rv(self) -> int:
-        return max((rv for _, rv in self.acks), default=0)
-
-
-# --- child processes ------------------------------------------------------------------------------
-
-
-class Child:
-    """A bench child process speaking JSON lines on stdout and commands on stdin."""
-
-    def __init__(self, process: asyncio.subprocess.Process, name: str) -> None:
-        self.process = process
-        self.name = name
-
-    async def send(self, command: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(command.encode() + b"\n")
-        await self.process.stdin.drain()
-
-    async def read(self, phase: str, within: float) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), within)
-        if not line:
-            code = await self.process.wait()
-            raise RuntimeError(f"{self.name} exited with {code} before {phase!r}; see its log")
-        message: dict[str, Any] = json.loads(line)
-        if message.get("phase") != phase:
-            raise RuntimeError(f"{self.name}: expected {phase!r}, got {line[:200]!r}")
-        return message
-
-
-@contextlib.asynccontextmanager
-async def child(module: str, args: Sequence[str], *, log: Path) -> AsyncIterator[Child]:
-    with log.open("ab") as stderr:
-        process = await asyncio.create_subprocess_exec(
-            *child_argv(module, *args),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=stderr,
-            cwd=REPO_ROOT,
-            limit=LINE_LIMIT,
-        )
-    try:
-        yield Child(process, module)
-    finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), 10.0)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
-@contextlib.asynccontextmanager
-async def ready_writer(env: Env, args: argparse.Namespace, seed: int) -> AsyncIterator[Child]:
-    writer_args = [
-        f"--kubeconfig={env.kubeconfig}",
-        f"--pods={args.pods}",
-        f"--seconds={args.watch_seconds}",
-        f"--concurrency={args.writer_concurrency}",
-        f"--seed={seed}",
-    ]
-    async with child("apiserver_writer", writer_args, log=env.logs / "writer.log") as writer:
-        await writer.read("ready", 60.0)
-        yield writer
-
-
-async def run_writer(writer: Child, args: argparse.Namespace) -> WriterRun:
-    await writer.send("go")
-    done = await writer.read("done", args.watch_seconds + 120.0)
-    acks = [(float(stamp), int(rv)) for stamp, rv in done["acks"]]
-    return WriterRun(started=float(done["started"]), acks=acks, errors=int(done["errors"]))
-
-
-# --- figures --------------------------------------------------------------------------------------
-
-
-def percentile(samples: Sequence[float], q: float) -> float | None:
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def ingestion(writer: WriterRun, applied: dict[int, float], cpu: float) -> Values:
-    """Rate, lag and CPU per event from the writer's acknowledgements and the applied stamps."""
-    lags = [applied[rv] - acked for acked, rv in writer.acks if rv in applied]
-    seen = [applied[rv] for _, rv in writer.acks if rv in applied]
-    last_ack = max((acked for acked, _ in writer.acks), default=writer.started)
-    return {
-        "events_per_s": len(seen) / (max(seen) - writer.started) if seen else None,
-        "lag_p50": percentile(lags, 0.5),
-        "lag_p99": percentile(lags, 0.99),
-        "cpu_per_event": cpu / len(seen) if seen else None,
-        "writer_rate": len(writer.acks) / (last_ack - writer.started) if writer.acks else None,
-        "missed_events": float(len(writer.acks) - len(seen)),
-    }
-
-
-def stamps_from_polls(writer: WriterRun, polls: Sequence[tuple[float, int]]) -> dict[int, float]:
-    """For each written resourceVersion, the first poll that saw the store at or past it."""
-    stamps: dict[int, float] = {}
-    rvs = sorted(rv for _, rv in writer.acks)
-    index = 0
-    for stamp, seen in sorted(polls):
-        while index < len(rvs) and rvs[index] <= seen:
-            stamps[rvs[index]] = stamp
-            index += 1
-    return stamps
-
-
-# --- contenders -----------------------------------------------------------------------------------
-
-
-async def measure_python(
-    name: str, env: Env, args: argparse.Namespace, seed: int, profile: str | None = None
+async def measure(
+    name: str, env: Env, scenario: Scenario, args: argparse.Namespace, seed: int
 ) -> Values:
-    contender_args = [
-        f"--contender={name}",
-        f"--kubeconfig={env.kubeconfig}",
-        f"--parents={args.parents}",
-        f"--drain-timeout={args.drain_timeout}",
-    ]
-    if profile is not None:
-        contender_args.append(f"--profile={profile}")
-    async with child("apiserver_contender", contender_args, log=env.logs / f"{name}.log") as proc:
-        synced = await proc.read("synced", SYNC_TIMEOUT)
-        async with ready_writer(env, args, seed) as writer:
-            await proc.send("mark")
-            await proc.read("marked", 30.0)
-            written = await run_writer(writer, args)
-        await proc.send(f"drain {written.last_rv}")
-        drained = await proc.read("drained", args.drain_timeout + 60.0)
-        await proc.send("quit")
-    applied = {int(rv): float(stamp) for rv, stamp in drained["applied"]}
-    gc_sync = [float(seconds) for _, seconds in synced["gc_pauses"]]
-    gc_watch = [float(seconds) for _, seconds in drained["gc_pauses"]]
-    dispatch = [float(latency) for latency in drained["dispatch"]]
-    values: Values = {
-        "sync_s": synced["synced"] - synced["started"],
-        "sync_cpu_s": synced["sync_cpu"],
-        "rss_per_pod": (synced["rss_after"] - synced["rss_before"]) / max(synced["pods"], 1),
-        "rss_trimmed_per_pod": (synced["rss_trimmed"] - synced["rss_before"])
-        / max(synced["pods"], 1),
-        "stored": float(synced["pods"]),
-        "dispatch_p50": percentile(dispatch, 0.5),
-        "dispatch_p99": percentile(dispatch, 0.99),
-        "gc_sync_s": sum(gc_sync),
-        "gc_watch_max_s": max(gc_watch, default=0.0),
-    }
-    values.update(ingestion(written, applied, float(drained["cpu"])))
-    return values
-
-
-async def measure_go(env: Env, args: argparse.Namespace, seed: int) -> Values:
-    log = env.logs / "oracle.log"
-    rss_before = await baseline_rss(env.oracle, env.kubeconfig, log=log)
-    started = time.monotonic()
-    async with oracle_process(env.oracle, env.kubeconfig, log=log) as oracle:
-        snap = await oracle.wait_until(pods=args.pods, within=SYNC_TIMEOUT)
-        sync_cpu = cpu_seconds(oracle.pid)
-        rss_after = rss_bytes(oracle.pid)
-        interval = max(args.oracle_poll, POLL_COST_SHARE * await oracle.snapshot_cost())
-        polls: list[tuple[float, int]] = []
-        stop = asyncio.Event()
-
-        async def poll() -> None:
-            while not stop.is_set():
-                seen = await oracle.snapshot()
-                polls.append((seen.stamp, seen.resource_version))
-                await asyncio.sleep(interval)
-
-        async with ready_writer(env, args, seed) as writer:
-            cpu_before = cpu_seconds(oracle.pid)
-            poller = asyncio.create_task(poll())
-            written = await run_writer(writer, args)
-        drained = await _wait_for_poll(polls, written.last_rv, args.drain_timeout)
-        stop.set()
-        await poller
-        cpu = cpu_seconds(oracle.pid) - cpu_before
-        cost = await oracle.snapshot_cost()
-    values: Values = {
-        "sync_s": snap.stamp - started,
-        "sync_cpu_s": sync_cpu,
-        "rss_per_pod": (rss_after - rss_before) / max(snap.pods, 1),
-        "stored": float(snap.pods),
-        "dispatch_p50": None,
-        "dispatch_p99": None,
-        "snapshot_cost_s": cost,
-        "poll_interval_s": interval,
-        "polls": float(len(polls)),
-        "drained": float(drained),
-    }
-    values.update(
-        ingestion(written, stamps_from_polls(written, polls), max(cpu - cost * len(polls), 0.0))
-    )
-    return values
-
-
-async def _wait_for_poll(polls: list[tuple[float, int]], rv: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if polls and polls[-1][1] >= rv:
-            return True
-        await asyncio.sleep(0.01)
-    return False
-
-
-async def measure(name: str, env: Env, args: argparse.Namespace, seed: int) -> Values:
     try:
-        if name == "go":
-            return await measure_go(env, args, seed)
-        return await measure_python(name, env, args, seed)
+        if name in COMPILED:
+            return await measure_compiled(name, env, scenario, args, seed)
+        return await measure_python(name, env, scenario, args, seed)
     finally:
         if env.compact is not None:
             env.compact()
 
 
-# --- report ---------------------------------------------------------------------------------------
+# --- the apiserver's state ------------------------------------------------------------------------
 
 
-@dataclass
-class Results:
-    rounds: list[dict[str, Values]] = field(default_factory=list)
+async def prepare(env: Env, pods: int, parents: int) -> tuple[Scenario, dict[str, Any]]:
+    """Seeds the pool of this size if it is not there yet; the scenario as the apiserver has it."""
+    from kubernetes_asyncio import client
 
-    def median(self, name: str, key: str) -> float | None:
-        present = [v for r in self.rounds if (v := r[name].get(key)) is not None]
-        return statistics.median(present) if present else None
-
-    def advantage(self, key: str, other: str) -> float | None:
-        """Median over rounds of how many times better ours is than ``other`` (>1: ours better)."""
-        ratios = []
-        for r in self.rounds:
-            ours, theirs = r["ours"].get(key), r[other].get(key)
-            if ours is None or theirs is None or min(ours, theirs) <= 0:
-                continue
-            ratios.append(ours / theirs if METRICS[key].higher_is_better else theirs / ours)
-        return statistics.median(ratios) if ratios else None
-
-
-def _fmt(value: float | None, scale: float = 1.0) -> str:
-    if value is None:
-        return "-"
-    scaled = value * scale
-    if abs(scaled) >= 100:
-        return f"{scaled:,.0f}"
-    return f"{scaled:.2f}" if abs(scaled) >= 1 else f"{scaled:.3f}"
-
-
-def print_table(results: Results, args: argparse.Namespace, context: dict[str, Any]) -> None:
-    print(
-        f"\n{args.pods} pods ({context['pod_bytes']:.0f} B of JSON each) over {args.parents}"
-        f" parents, {len(results.rounds)} round(s), medians; ratios: > 1 means ours is better"
+    from bench.apiserver_seed import (
+        create_pods,
+        ensure_namespace,
+        list_items,
+        mean_pod_bytes,
+        parents_of,
     )
-    names = [name for name in COLUMNS if any(r.get(name) for r in results.rounds)]
-    header = f"{'metric':42} {'unit':>5}" + "".join(f" {COLUMNS[n]:>11}" for n in names)
-    print(f"{header} {'ours vs k8s_asyncio':>19} {'ours vs client-go':>17}")
-    for key, metric in METRICS.items():
-        cells = "".join(f" {_fmt(results.median(n, key), metric.scale):>11}" for n in names)
-        ratios = [_fmt(results.advantage(key, other)) for other in ("ka", "go")]
-        print(f"{metric.name:42} {metric.unit:>5}{cells} {ratios[0]:>19} {ratios[1]:>17}")
-    print("\ntargets:")
-    for target in TARGETS:
-        ratio = results.advantage(target.metric, target.other)
-        verdict = "n/a" if ratio is None else "met" if ratio >= target.at_least else "MISSED"
-        print(f"  {METRICS[target.metric].name}: {target.text}: ratio {_fmt(ratio)} -> {verdict}")
-    print(
-        f"\nseeding took {_fmt(context.get('seed_s'))} s (0 if reused); the same LIST read raw,"
-        f" decoding nothing: {_fmt(context['list_floor_s'])} s (resourceVersion unset, as ours"
-        f' and kubernetes_asyncio ask), {_fmt(context["list_floor_rv0_s"])} s ("0", as client-go'
-        " asks)"
-    )
-    poll, cost = results.median("go", "poll_interval_s"), results.median("go", "snapshot_cost_s")
-    if poll is not None and cost is not None:
-        print(
-            f"client-go is read by asking for its progress every {poll * 1e3:.1f} ms (each poll"
-            f" costs it {cost * 1e6:.0f} us of CPU, subtracted): its lags are upper bounds, late"
-            " by up to one interval."
+    from miles.utils.k8s_testenv.client import api_client
+
+    namespace = namespace_for(pods)
+    context: dict[str, Any] = {"seed_s": 0.0}
+    async with api_client(env.kubeconfig) as api:
+        core = client.CoreV1Api(api)
+        await ensure_namespace(core, namespace)
+        present = len(await list_items(core, namespace))
+        if present > pods:
+            raise RuntimeError(f"namespace {namespace} holds {present} pods, want {pods}")
+        if present < pods:
+            _progress(f"seeding {pods - present} pods into {namespace}")
+            context["seed_s"] = await create_pods(
+                core,
+                namespace=namespace,
+                pods=pods,
+                parents=parents,
+                parallel=32,
+                progress=_progress,
+                start=present,
+            )
+        items = await list_items(core, namespace)
+        context["pod_bytes"] = mean_pod_bytes(items)
+        scenario = Scenario(
+            namespace=namespace, pods=len(items), parents=parents_of(items), watch=True
         )
-    for index, measured in enumerate(results.rounds, start=1):
-        for name in measured:
-            missed = measured[name].get("missed_events")
-            if missed:
-                print(f"  round {index}, {TITLES[name]}: {missed:.0f} writer events never seen")
+    if env.compact is not None:
+        env.compact()
+    return scenario, context
+
+
+async def list_floor(
+    env: Env, namespace: str, *, resource_version: str | None = None, limit: int | None = None
+) -> float:
+    """Seconds to GET the same LIST and read every body, decoding nothing: the server's part.
+
+    With ``limit`` the pages are followed by their continue token, found in the first bytes of
+    each body (the server writes ``metadata`` before ``items``)."""
+    from kubernetes_asyncio import client
+
+    from miles.utils.k8s_testenv.client import api_client
+
+    async with api_client(env.kubeconfig) as api:
+        started = time.monotonic()
+        core: Any = client.CoreV1Api(api)
+        token: str | None = None
+        while True:
+            options: dict[str, Any] = {"label_selector": SELECTOR, "_preload_content": False}
+            if token:
+                options["_continue"] = token
+            elif resource_version is not None:
+                options["resource_version"] = resource_version
+            if limit is not None:
+                options["limit"] = limit
+            resp = await core.list_namespaced_pod(namespace, **options)
+            try:
+                body = await resp.read()
+            finally:
+                resp.release()
+            found = _CONTINUE.search(body, 0, 4096) if limit is not None else None
+            token = found.group(1).decode() if found else None
+            if not token:
+                return time.monotonic() - started
+
+
+async def floors(env: Env, namespace: str) -> Values:
+    return {
+        "sync_s": await list_floor(env, namespace, limit=PAGE_SIZE),
+        "floor_s": await list_floor(env, namespace),
+        "floor_rv0_s": await list_floor(env, namespace, resource_version="0"),
+    }
+
+
+# --- runs -----------------------------------------------------------------------------------------
+
+
+async def run_rounds(
+    env: Env, scenario: Scenario, args: argparse.Namespace, contenders: Sequence[str]
+) -> Results:
+    results = Results()
+    for index in range(args.rounds):
+        measured: dict[str, Values] = {"floor": await floors(env, scenario.namespace)}
+        shift = index % len(contenders)
+        for offset, name in enumerate([*contenders[shift:], *contenders[:shift]]):
+            measured[name] = await measure(name, env, scenario, args, seed=index * 10 + offset)
+            _progress(
+                f"{scenario.pods} pods, round {index + 1}, {TITLES[name]}: {_short(measured[name])}"
+            )
+        results.rounds.append(measured)
+    return results
+
+
+async def bench(
+    env: Env, args: argparse.Namespace, contenders: Sequence[str], skipped: dict[str, str]
+) -> bool:
+    scenario, context = await prepare(env, args.pods, args.parents)
+    _progress(
+        f"{scenario.pods} pods over {scenario.parents} parents ready,"
+        f" {context['pod_bytes']:.0f} B each"
+    )
+    results = await run_rounds(env, scenario, args, contenders)
+    for key in ("floor_paged_s", "floor_s", "floor_rv0_s"):
+        context[key] = results.median("floor", "sync_s" if key == "floor_paged_s" else key)
+    print_table(
+        results,
+        f"{scenario.pods} pods ({context['pod_bytes']:.0f} B of JSON each) over {scenario.parents}"
+        f" parents, {len(results.rounds)} round(s), medians; ratios: > 1 means ours is better",
+    )
+    print_cpu_rounds(results)
+    met = check_targets(results, skipped)
+    print_notes(results, context)
+    if args.json:
+        print(
+            json.dumps(
+                {"args": vars(args), "context": context, "rounds": results.rounds}, default=str
+            )
+        )
+    if args.profile:
+        prefix = str(env.logs / args.profile)
+        _progress(f"profiling {args.profile} (one extra run)")
+        await measure_python(args.profile, env, scenario, args, seed=999, profile=prefix)
+        print_profile(prefix, args.profile_top)
+    return met
+
+
+async def growth(env: Env, args: argparse.Namespace, contenders: Sequence[str]) -> None:
+    measured: dict[int, Results] = {}
+    for pods in sorted(args.growth):
+        scenario, context = await prepare(env, pods, min(args.parents, pods))
+        _progress(
+            f"{pods} pods ready (seeding took {fmt(context['seed_s'])} s); measuring the sync"
+        )
+        sync_only = Scenario(scenario.namespace, scenario.pods, scenario.parents, watch=False)
+        measured[pods] = await run_rounds(env, sync_only, args, contenders)
+    print_growth(measured)
+    if args.json:
+        rounds = {pods: results.rounds for pods, results in measured.items()}
+        print(json.dumps({"args": vars(args), "growth": rounds}, default=str))
+    why_not = plot_growth(measured, args.plot)
+    print(f"\nplot: {why_not or args.plot}")
 
 
 def print_profile(prefix: str, top: int) -> None:
@@ -429,111 +266,62 @@ def print_profile(prefix: str, top: int) -> None:
         stats.sort_stats("tottime").print_stats(top)
 
 
-# --- driver ---------------------------------------------------------------------------------------
-
-
-def _progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-async def prepare(env: Env, args: argparse.Namespace) -> dict[str, Any]:
-    from kubernetes_asyncio import client
-
-    from bench.apiserver_seed import count_pods, create_pods, ensure_namespace, mean_pod_bytes
-    from miles.utils.k8s_testenv.client import api_client
-
-    context: dict[str, Any] = {}
-    async with api_client(env.kubeconfig) as api:
-        core = client.CoreV1Api(api)
-        await ensure_namespace(core)
-        present = await count_pods(core)
-        if present != args.pods:
-            if present > args.pods:
-                raise RuntimeError(f"the bench namespace holds {present} pods, want {args.pods}")
-            context["seed_s"] = await create_pods(
-                core, pods=args.pods, parents=args.parents, parallel=32, progress=_progress
-            )
-        context["pod_bytes"] = await mean_pod_bytes(core)
-    if env.compact is not None:
-        env.compact()
-    return context
-
-
-async def list_floor(env: Env, *, resource_version: str | None = None) -> float:
-    """Seconds to GET the same LIST and read its whole body, decoding nothing: the server's part."""
-    from kubernetes_asyncio import client
-
-    from bench.apiserver_proc import NAMESPACE, SELECTOR
-    from miles.utils.k8s_testenv.client import api_client
-
-    async with api_client(env.kubeconfig) as api:
-        started = time.monotonic()
-        core: Any = client.CoreV1Api(api)
-        resp = await core.list_namespaced_pod(
-            NAMESPACE,
-            label_selector=SELECTOR,
-            resource_version=resource_version,
-            _preload_content=False,
-        )
-        try:
-            await resp.read()
-        finally:
-            resp.release()
-        return time.monotonic() - started
-
-
-async def bench(env: Env, args: argparse.Namespace) -> None:
-    context = await prepare(env, args)
-    _progress(f"{args.pods} pods ready, {context['pod_bytes']:.0f} B each; measuring")
-    results = Results()
-    floors: dict[str, list[float]] = {"list_floor_s": [], "list_floor_rv0_s": []}
-    for index in range(args.rounds):
-        measured: dict[str, Values] = {}
-        floors["list_floor_s"].append(await list_floor(env))
-        floors["list_floor_rv0_s"].append(await list_floor(env, resource_version="0"))
-        shift = index % len(args.contenders)
-        for offset, name in enumerate(args.contenders[shift:] + args.contenders[:shift]):
-            measured[name] = await measure(name, env, args, seed=index * 10 + offset)
-            _progress(f"round {index + 1}, {TITLES[name]}: {_short(measured[name])}")
-        for name in COLUMNS:
-            measured.setdefault(name, {})
-        results.rounds.append(measured)
-    context.update({key: statistics.median(values) for key, values in floors.items()})
-    print_table(results, args, context)
-    if args.json:
-        print(
-            json.dumps(
-                {"args": vars(args), "context": context, "rounds": results.rounds}, default=str
-            )
-        )
-    if args.profile:
-        prefix = str(env.logs / args.profile)
-        _progress(f"profiling {args.profile} (one extra run)")
-        await measure_python(args.profile, env, args, seed=999, profile=prefix)
-        print_profile(prefix, args.profile_top)
-
-
 def _short(values: Values) -> str:
-    return ", ".join(f"{k}={_fmt(v)}" for k, v in values.items())
+    keys = ("sync_s", "sync_cpu_s", "rss_per_pod", "apiserver_cpu_s", "cpu_per_event", "lag_p99")
+    return ", ".join(f"{k}={fmt(values[k])}" for k in keys if values.get(k) is not None)
+
+
+# --- environment ----------------------------------------------------------------------------------
+
+
+def build_compiled(wanted: Sequence[str], settings: Any) -> tuple[dict[str, Path], dict[str, str]]:
+    """The compiled contenders that could be built, and why each other one could not."""
+    from miles.utils.k8s_testenv.binaries import ensure_binaries
+    from miles.utils.k8s_testenv.errors import K8sTestEnvError
+
+    binaries: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+    if "go" in wanted:
+        try:
+            binaries["go"] = ensure_binaries(names=["oracle"], settings=settings).oracle
+        except K8sTestEnvError as err:
+            skipped["go"] = str(err).splitlines()[0]
+    if "kube-rs" in wanted:
+        try:
+            binaries["kube-rs"] = ensure_kube_rs(_progress)
+        except ContenderUnavailable as err:
+            skipped["kube-rs"] = str(err)
+    return binaries, skipped
+
+
+def apiserver_pid_of(kubeconfig: Path) -> int | None:
+    """The pid of the apiserver behind a kubeconfig, if a local control plane of ours serves it."""
+    from miles.utils.k8s_testenv.state import running_planes
+
+    for plane in running_planes():
+        for name, path in plane.kubeconfigs.items():
+            if Path(path) == kubeconfig:
+                return plane.pids.get(f"kube-apiserver ({name})")
+    return None
 
 
 @contextlib.contextmanager
-def environment(logs: Path) -> Iterator[Env]:
-    from miles.utils.k8s_testenv.binaries import ensure_binaries
+def environment(logs: Path, binaries: dict[str, Path]) -> Iterator[Env]:
     from miles.utils.k8s_testenv.control_plane import LocalControlPlane
     from miles.utils.k8s_testenv.settings import EnvSettings
 
     settings = EnvSettings.from_env()
-    oracle = ensure_binaries(names=["oracle"], settings=settings).oracle
     if settings.kubeconfig is not None:
-        yield Env(kubeconfig=settings.kubeconfig, oracle=oracle, logs=logs, compact=None)
+        pid = apiserver_pid_of(settings.kubeconfig)
+        yield Env(kubeconfig=settings.kubeconfig, binaries=binaries, logs=logs, apiserver_pid=pid)
         return
     with LocalControlPlane(settings=settings) as plane:
         _progress(f"control plane up in {plane.work_dir}")
         yield Env(
             kubeconfig=plane.cached_kubeconfig,
-            oracle=oracle,
+            binaries=binaries,
             logs=logs,
+            apiserver_pid=plane.apiserver("cached").process.pid,
             compact=plane.compact_etcd,
         )
 
@@ -543,35 +331,63 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pods", type=int, default=None, help="default 10000 (--quick: 1000)")
-    parser.add_argument("--parents", type=int, default=None, help="default pods / 10")
+    parser.add_argument(
+        "--parents", type=int, default=None, help="default pods / 10 (--growth: 1000)"
+    )
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (--quick: 1)")
     parser.add_argument("--watch-seconds", type=float, default=None, help="default 8 (quick: 3)")
     parser.add_argument("--writer-concurrency", type=int, default=32)
     parser.add_argument(
-        "--oracle-poll", type=float, default=0.005, help="least seconds between oracle polls"
+        "--oracle-poll", type=float, default=0.005, help="least seconds between client-go polls"
     )
     parser.add_argument("--drain-timeout", type=float, default=60.0)
     parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
     parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 pods, one round")
+    parser.add_argument(
+        "--growth", type=int, nargs="+", default=None, metavar="PODS", help="pool sizes: sync only"
+    )
+    parser.add_argument(
+        "--plot", type=Path, default=DEFAULT_PLOT, help=f"growth plot (default {DEFAULT_PLOT})"
+    )
     parser.add_argument("--profile", choices=("ours", "ka"), default=None)
     parser.add_argument("--profile-top", type=int, default=25)
     parser.add_argument("--logs", type=Path, default=None, help="folder for child logs")
     parser.add_argument("--json", action="store_true", help="also print every round as JSON")
     args = parser.parse_args(argv)
+    if any(
+        n <= 0 for n in [*(args.growth or ()), args.pods or 1, args.rounds or 1, args.parents or 1]
+    ):
+        parser.error("--pods, --parents, --rounds and --growth take positive numbers")
     args.pods = args.pods or (1000 if args.quick else 10_000)
-    args.parents = args.parents or max(args.pods // 10, 1)
+    args.parents = args.parents or (1000 if args.growth else max(args.pods // 10, 1))
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.watch_seconds = args.watch_seconds or (3.0 if args.quick else 8.0)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    from miles.utils.k8s_testenv.errors import K8sTestEnvError
+    from miles.utils.k8s_testenv.settings import EnvSettings
+
     args = parse_args(argv)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="miles-bench-apiserver-"))
     logs.mkdir(parents=True, exist_ok=True)
     _progress(f"child logs in {logs}")
-    with environment(logs) as env:
-        asyncio.run(bench(env, args))
+    binaries, skipped = build_compiled(args.contenders, EnvSettings.from_env())
+    for name, why in skipped.items():
+        print(f"{TITLES[name]}: skipped: {why}", flush=True)
+    contenders = [name for name in args.contenders if name not in skipped]
+    if "ours" not in contenders:
+        sys.exit("bench.apiserver: ours must be among the contenders (every ratio is against it)")
+    try:
+        with environment(logs, binaries) as env:
+            if args.growth:
+                asyncio.run(growth(env, args, contenders))
+                return
+            met = asyncio.run(bench(env, args, contenders, skipped))
+    except K8sTestEnvError as err:
+        sys.exit(f"bench.apiserver: {err}")
+    sys.exit(0 if met else 1)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ import kubernetes_asyncio.watch  # noqa: F401  (imported before the clock starts
 
 from bench.apiserver_ka_reflector import KubernetesAsyncioModelReflector
 from bench.apiserver_proc import (
-    NAMESPACE,
     PARENT_LABEL,
     SELECTOR,
     cpu_seconds,
@@ -127,18 +126,18 @@ class Recorder:
                 return
 
 
-def build_source(name: str, api_client: Any) -> SourceWatchFn:
+def build_source(name: str, api_client: Any, namespace: str) -> SourceWatchFn:
     from kubernetes_asyncio import client
 
     core = client.CoreV1Api(api_client)
     if name.startswith("ours"):
         return KubernetesReflector(
             kube_client=KubernetesAsyncioPodApi(core_v1_api=core),
-            namespace=NAMESPACE,
+            namespace=namespace,
             label_selector=SELECTOR,
         ).watch
     return KubernetesAsyncioModelReflector(
-        core_v1_api=core, namespace=NAMESPACE, label_selector=SELECTOR
+        core_v1_api=core, namespace=namespace, label_selector=SELECTOR
     ).watch
 
 
@@ -204,7 +203,7 @@ async def run(args: argparse.Namespace) -> None:
     recorder = Recorder(parents=args.parents)
     async with api_client(Path(args.kubeconfig)) as api:
         loop = ReconcileLoop(
-            source=recorder.wrap(build_source(args.contender, api)),
+            source=recorder.wrap(build_source(args.contender, api, args.namespace)),
             reconcile=recorder.reconciler(lambda parent: loop.get_by_parent(parent)),
             key_map=parent_of,
         )
@@ -261,6 +260,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--contender", choices=CONTENDERS, required=True)
     parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", required=True)
     parser.add_argument("--parents", type=int, required=True)
     parser.add_argument("--drain-timeout", type=float, default=60.0)
     parser.add_argument("--profile", default=None, help="pstats path prefix")

@@ -1,13 +1,13 @@
-"""The client-go contender of ``bench/apiserver.py``: ``tools/k8s/oracle`` driven over its pipes.
+"""The compiled contenders of ``bench/apiserver.py``, driven over their pipes.
 
-Go counterpart: client-go's ``Reflector`` and ``Store`` themselves (the oracle). The oracle
-answers a ``progress`` line with its ``LastSyncResourceVersion``, its listings, the watch events
-its store has applied and the pods it holds, without the pods themselves, and that is the signal
-read here: sync is the first answer holding every pod (polled every ``SYNC_POLL_SECONDS``);
-ingestion is read from the ``LastSyncResourceVersion``, which client-go sets after each event is in
-the store, polled every few milliseconds during the WATCH phase. A lag read that way is an upper
-bound, late by up to one poll interval; the CPU the polls cost the oracle is measured after the
-phase and subtracted.
+Go counterpart: client-go's ``Reflector`` and ``Store`` themselves (``tools/k8s/oracle``); the
+kube-rs contender (``tools/kube-rs-oracle``) speaks the same protocol. Each answers a ``progress``
+line with its resourceVersion, its listings, the watch events its store has applied and the pods
+it holds, without the pods themselves: sync is the first answer holding every pod (polled every
+``SYNC_POLL_SECONDS``). client-go's resourceVersion is its ``LastSyncResourceVersion``, set after
+each event is in the store; kube-rs's the highest one its store applied, plus ``synced`` once its
+first listing is done. The kube-rs contender also answers ``wait <rv>`` once its store holds that
+resourceVersion and ``applied`` with every watch event it applied, stamped in-process.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.apiserver_proc import NAMESPACE, SELECTOR, cpu_seconds, rss_bytes
+from bench.apiserver_proc import SELECTOR, cpu_seconds, rss_bytes
 
 SYNC_POLL_SECONDS = 0.005
 EMPTY_SELECTOR = "miles.io/cell=bench-matches-nothing"
@@ -35,6 +35,7 @@ class Snapshot:
     lists: int
     pods: int
     events: int
+    synced: bool
 
 
 class Oracle:
@@ -48,21 +49,46 @@ class Oracle:
         return self._process.pid
 
     async def snapshot(self) -> Snapshot:
+        return await self._progress(b"progress")
+
+    async def wait_for_rv(self, rv: int, within: float) -> Snapshot:
+        """One request, answered once the store holds ``rv`` (kube-rs contender only)."""
+        return await asyncio.wait_for(self._progress(f"wait {rv}".encode()), within)
+
+    async def applied(self) -> list[tuple[int, float]]:
+        """Every watch event applied since the last call, as (resourceVersion, monotonic stamp)."""
+        line = await self._ask(b"applied")
+        try:
+            return [(int(rv), float(stamp)) for rv, stamp in json.loads(line)["applied"]]
+        except (ValueError, KeyError, TypeError):
+            raise RuntimeError(f"the oracle printed no applied list: {line[:200]!r}") from None
+
+    async def _ask(self, request: bytes) -> bytes:
         stdin, stdout = self._process.stdin, self._process.stdout
         assert stdin is not None
         assert stdout is not None
-        stdin.write(b"progress\n")
+        stdin.write(request + b"\n")
         await stdin.drain()
         line = await stdout.readline()
+        if not line:
+            code = await self._process.wait()
+            raise RuntimeError(f"the oracle exited with {code}; see its log")
+        return line
+
+    async def _progress(self, request: bytes) -> Snapshot:
+        line = await self._ask(request)
         stamp = time.monotonic()
         try:
             progress = json.loads(line)
+            resource_version = int(progress["resourceVersion"] or 0)
+            lists = int(progress["lists"])
             return Snapshot(
                 stamp=stamp,
-                resource_version=int(progress["resourceVersion"] or 0),
-                lists=int(progress["lists"]),
+                resource_version=resource_version,
+                lists=lists,
                 pods=int(progress["size"]),
                 events=int(progress["events"]),
+                synced=bool(progress.get("synced", lists > 0 and resource_version > 0)),
             )
         except (ValueError, KeyError, TypeError):
             raise RuntimeError(f"the oracle printed no progress: {line[:200]!r}") from None
@@ -71,8 +97,7 @@ class Oracle:
         deadline = time.monotonic() + within
         while True:
             snap = await self.snapshot()
-            synced = snap.lists > 0 and snap.resource_version > 0
-            if synced and snap.pods >= pods and snap.resource_version >= rv:
+            if snap.synced and snap.pods >= pods and snap.resource_version >= rv:
                 return snap
             if snap.stamp > deadline:
                 raise TimeoutError(f"oracle: {snap} after {within}s")
@@ -88,13 +113,13 @@ class Oracle:
 
 @contextlib.asynccontextmanager
 async def oracle_process(
-    binary: Path, kubeconfig: Path, *, selector: str = SELECTOR, log: Path
+    binary: Path, kubeconfig: Path, *, namespace: str, selector: str = SELECTOR, log: Path
 ) -> AsyncIterator[Oracle]:
     with log.open("ab") as stderr:
         process = await asyncio.create_subprocess_exec(
             str(binary),
             f"--kubeconfig={kubeconfig}",
-            f"--namespace={NAMESPACE}",
+            f"--namespace={namespace}",
             f"--selector={selector}",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -113,8 +138,10 @@ async def oracle_process(
             await process.wait()
 
 
-async def baseline_rss(binary: Path, kubeconfig: Path, *, log: Path) -> int:
+async def baseline_rss(binary: Path, kubeconfig: Path, *, namespace: str, log: Path) -> int:
     """RSS of an oracle synced to an empty selection: what it holds before any pod."""
-    async with oracle_process(binary, kubeconfig, selector=EMPTY_SELECTOR, log=log) as oracle:
+    async with oracle_process(
+        binary, kubeconfig, namespace=namespace, selector=EMPTY_SELECTOR, log=log
+    ) as oracle:
         await oracle.wait_until(within=60.0)
         return rss_bytes(oracle.pid)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.apiserver_proc import (
-    NAMESPACE,
     WRITER_ANNOTATION,
     WRITER_LABEL,
     emit,
@@ -30,8 +29,11 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class Writer:
-    def __init__(self, core_v1_api: Any, *, names: list[str], seconds: float, seed: int) -> None:
+    def __init__(
+        self, core_v1_api: Any, *, namespace: str, names: list[str], seconds: float, seed: int
+    ) -> None:
         self._core = core_v1_api
+        self._namespace = namespace
         self._names = names
         self._seconds = seconds
         self._rng = random.Random(seed)
@@ -51,7 +53,7 @@ class Writer:
             }
             resp = await self._core.patch_namespaced_pod(
                 self._rng.choice(self._names),
-                NAMESPACE,
+                self._namespace,
                 body,
                 _content_type=MERGE_PATCH,
                 _preload_content=False,
@@ -74,7 +76,9 @@ async def run(args: argparse.Namespace) -> None:
     async with api_client(Path(args.kubeconfig)) as api:
         core = client.CoreV1Api(api)
         names = [f"engine-{index}" for index in range(args.pods)]
-        writer = Writer(core, names=names, seconds=args.seconds, seed=args.seed)
+        writer = Writer(
+            core, namespace=args.namespace, names=names, seconds=args.seconds, seed=args.seed
+        )
         emit({"phase": "ready"})
         if await read_command() != "go":
             return
@@ -87,6 +91,7 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", required=True)
     parser.add_argument("--pods", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--concurrency", type=int, default=32)
