@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.soak_sampler import ResourceSampler
 from miles.utils.k8s_testenv import EnvSettings, K8sTestEnvError, ensure_binaries
 from miles.utils.k8s_testenv.testing.differential.environment import (
     DifferentialEnvironment,
@@ -37,7 +38,7 @@ from miles.utils.k8s_testenv.testing.differential.harness import (
     HarnessConfig,
     logs_to,
 )
-from miles.utils.k8s_testenv.testing.differential.scenario import ci_plan
+from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, ci_plan
 from miles.utils.k8s_testenv.testing.differential.stats import Stats
 
 
@@ -56,7 +57,18 @@ def _arguments() -> argparse.Namespace:
         "--silent-seconds",
         type=float,
         default=8.0,
-        help="how long a silent connection lasts (above 45 the oracle's HTTP/2 ping ends it)",
+        help="how long a silent or dead connection lasts (above our watch's 7 s read deadline)",
+    )
+    parser.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        choices=[step.value for step in (*OpKind, *FaultKind)],
+        help="leave this operation or fault out (repeatable); the report names what was left out",
+    )
+    parser.add_argument("--sample-every", type=float, default=10.0, help="resource sampling period")
+    parser.add_argument(
+        "--no-tracemalloc", action="store_true", help="sample without tracemalloc's overhead"
     )
     parser.add_argument(
         "--oracle-watch-list", action="store_true", help="client-go's WatchListClient on"
@@ -72,22 +84,33 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
         bulk_size=args.bulk_size,
         silent_seconds=args.silent_seconds,
         oracle_watch_list=args.oracle_watch_list,
+        without=frozenset(args.without),
     )
-    async with DifferentialHarness(
-        plane=env.plane,
-        oracle_binary=env.oracle_binary,
-        work_dir=env.work_dir,
-        config=config,
-        kwok=env.kwok,
-        kwok_unavailable=env.kwok_unavailable,
-        log=_say,
-    ) as harness:
+    sampler = ResourceSampler(
+        period=args.sample_every,
+        warmup=min(60.0, args.seconds / 5),
+        log_path=env.work_dir / "resources.tsv",
+        trace_allocations=not args.no_tracemalloc,
+    )
+    async with (
+        sampler,
+        DifferentialHarness(
+            plane=env.plane,
+            oracle_binary=env.oracle_binary,
+            work_dir=env.work_dir,
+            config=config,
+            kwok=env.kwok,
+            kwok_unavailable=env.kwok_unavailable,
+            log=_say,
+        ) as harness,
+    ):
         try:
             if args.plan == "ci":
-                return await harness.run(ci_plan(random.Random(args.seed)))
+                return await harness.run(ci_plan(random.Random(args.seed), without=config.without))
             return await harness.run_for(args.seconds)
         finally:
             print(harness.stats.report(), flush=True)
+            print(sampler.report(), flush=True)
 
 
 def main() -> int:
@@ -98,7 +121,10 @@ def main() -> int:
     print(
         f"soak: seed {args.seed}, plan {args.plan}, "
         + (f"{args.seconds:.0f}s, " if args.plan == "random" else "")
-        + f"clients on the {args.target} apiserver; logs in {work_dir}",
+        + f"clients on the {args.target} apiserver, "
+        + f"oracle WatchListClient {'on' if args.oracle_watch_list else 'off'}"
+        + (f", without {', '.join(args.without)}" if args.without else "")
+        + f"; logs in {work_dir}",
         flush=True,
     )
     settings = EnvSettings.from_env()

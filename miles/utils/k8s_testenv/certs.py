@@ -51,8 +51,17 @@ def _openssl(*args: str, cwd: Path) -> None:
         raise PrerequisiteError(f"openssl {' '.join(args)} failed:\n{result.stdout}")
 
 
-def generate_credentials(directory: Path) -> Credentials:
-    """Writes the CA, serving certificate, service-account key and token file into `directory`."""
+@dataclass(frozen=True)
+class ServingPair:
+    """A throwaway CA and a serving certificate for 127.0.0.1/localhost signed by it."""
+
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+
+
+def generate_serving_pair(directory: Path) -> ServingPair:
+    """Writes `ca.crt`, `ca.key`, `serving.crt` and `serving.key` into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     days = "3650"
     _openssl(
@@ -69,6 +78,18 @@ def generate_credentials(directory: Path) -> Credentials:
         "-CAcreateserial", "-days", days, "-extfile", "serving.ext", "-out", "serving.crt",
         cwd=directory,
     )  # fmt: skip
+    for secret in ("ca.key", "serving.key"):
+        (directory / secret).chmod(0o600)
+    return ServingPair(
+        ca_cert=directory / "ca.crt",
+        serving_cert=directory / "serving.crt",
+        serving_key=directory / "serving.key",
+    )
+
+
+def generate_credentials(directory: Path) -> Credentials:
+    """Writes the CA, serving certificate, service-account key and token file into `directory`."""
+    pair = generate_serving_pair(directory)
     _openssl(
         "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
         "-out", "service-account.key", cwd=directory,
@@ -76,12 +97,12 @@ def generate_credentials(directory: Path) -> Credentials:
     token = secrets.token_hex(24)
     token_file = directory / "token.csv"
     token_file.write_text(f'{token},{ADMIN_USER},{ADMIN_USER}-uid,"{ADMIN_GROUP}"\n')
-    for secret in ("ca.key", "serving.key", "service-account.key", "token.csv"):
+    for secret in ("service-account.key", "token.csv"):
         (directory / secret).chmod(0o600)
     return Credentials(
-        ca_cert=directory / "ca.crt",
-        serving_cert=directory / "serving.crt",
-        serving_key=directory / "serving.key",
+        ca_cert=pair.ca_cert,
+        serving_cert=pair.serving_cert,
+        serving_key=pair.serving_key,
         service_account_key=directory / "service-account.key",
         token_file=token_file,
         admin_token=token,

@@ -4,9 +4,9 @@ Go counterpart: none in client-go; it plays the network faults toxiproxy's `rese
 `timeout` toxics play. Bytes pass through untouched (TLS included), so a kubeconfig whose server is
 `https://127.0.0.1:<port>` still verifies the apiserver's certificate for 127.0.0.1.
 
-The proxy runs its own event loop on a daemon thread, so a busy or stalled test loop does not stall
-the traffic of another client (the client-go oracle) through it. Every public method is called from
-any thread and returns once the proxy has done it.
+The proxy runs its own event loop on a daemon thread (`loop_thread.LoopThread`), so a busy or
+stalled test loop does not stall the traffic of another client (the client-go oracle) through it.
+Every public method is called from any thread and returns once the proxy has done it.
 """
 
 from __future__ import annotations
@@ -16,22 +16,28 @@ import concurrent.futures
 import contextlib
 import socket
 import struct
-import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
+from miles.utils.k8s_testenv.loop_thread import CONTROL_TIMEOUT, LoopThread, LoopThreadError
 from miles.utils.k8s_testenv.ports import LOOPBACK
 
 T = TypeVar("T")
 
 _CHUNK = 64 * 1024
-_CONTROL_TIMEOUT = 10.0
-_CLOSE_GRACE = 0.5
-"""How long closing waits for the pumps to see their aborted sockets before cancelling them."""
 _MID_FRAME_DELIVERY = 0.2
 """How long the half chunk gets to reach the client before the reset (a reset drops unread data)."""
+
+
+def reset_transport(writer: asyncio.StreamWriter) -> None:
+    """Closes with a reset (SO_LINGER 0), not an orderly close: the peer reads ECONNRESET."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 @dataclass(eq=False)
@@ -48,11 +54,7 @@ class _Connection:
             return
         self.closed = True
         for writer in (self.client, self.upstream):
-            sock = writer.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            writer.transport.abort()
+            reset_transport(writer)
         self.cut_done.set()
 
 
@@ -80,15 +82,11 @@ class TcpProxy:
     def __init__(self, *, upstream_host: str, upstream_port: int, name: str = "tcp-proxy") -> None:
         self.name = name
         self._upstream = (upstream_host, upstream_port)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread(name=name, cleanup=self._close_everything)
         self._server: asyncio.Server | None = None
         self._flowing: asyncio.Event | None = None
         self._connections: set[_Connection] = set()
         self._port: int | None = None
-        self._crash: BaseException | None = None
-        self._stopping = False
-        self._killed = False
 
     @property
     def port(self) -> int:
@@ -113,44 +111,22 @@ class TcpProxy:
         self.stop()
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise ProxyError(f"{self.name} is already started")
-        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(
-            target=self._run_thread, args=(ready,), name=self.name, daemon=True
-        )
-        self._thread.start()
-        self._port = ready.result(timeout=_CONTROL_TIMEOUT)
+        try:
+            self._port = self._thread.start(self._serve())
+        except LoopThreadError as err:
+            raise ProxyError(str(err)) from err
 
     def stop(self) -> None:
         """Resets every connection, closes the listener and joins the thread."""
-        self._stopping = True
-        self._halt()
-        self._thread = None
+        self._thread.stop()
 
     def kill(self) -> None:
         """Stops forwarding as a crash would: `failure()` then says so (tests of the harness)."""
-        self._killed = True
-        self._halt()
-
-    def _halt(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=_CONTROL_TIMEOUT)
+        self._thread.kill()
 
     def failure(self) -> str | None:
         """Why the proxy is not forwarding any more, or None while it runs (or after `stop()`)."""
-        if self._stopping or self._thread is None:
-            return None
-        if self._killed:
-            return f"{self.name} was killed"
-        if self._crash is not None:
-            return f"{self.name} crashed: {type(self._crash).__name__}: {self._crash}"
-        if not self._thread.is_alive():
-            return f"{self.name} thread exited"
-        return None
+        return self._thread.failure()
 
     @property
     def open_connections(self) -> int:
@@ -175,26 +151,12 @@ class TcpProxy:
         """
         return self._submit(self._cut_mid_frame(idle_after))
 
-    def _run_thread(self, ready: concurrent.futures.Future[int]) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._serve(ready))
-            loop.run_forever()
-        except BaseException as err:
-            self._crash = err
-            if not ready.done():
-                ready.set_exception(err)
-        finally:
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(self._close_everything())
-            loop.close()
-
-    async def _serve(self, ready: concurrent.futures.Future[int]) -> None:
+    async def _serve(self) -> int:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._server = await asyncio.start_server(self._accept, host=LOOPBACK, port=0)
-        ready.set_result(self._server.sockets[0].getsockname()[1])
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     async def _close_everything(self) -> None:
         if self._flowing is not None:
@@ -203,24 +165,15 @@ class TcpProxy:
             connection.abort()
         if self._server is not None:
             self._server.close()
-        # A connection accepted while closing starts a handler task of its own: repeat until none
-        # is left, so none is still connecting upstream when the loop closes.
-        while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-            _, pending = await asyncio.wait(tasks, timeout=_CLOSE_GRACE)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
 
     def _submit(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        loop = self._loop
-        problem = self.failure()
-        if loop is None or problem is not None or self._stopping:
-            work.close()
-            raise ProxyError(problem or f"{self.name} is not running")
-        return asyncio.run_coroutine_threadsafe(work, loop)
+        try:
+            return self._thread.submit(work)
+        except LoopThreadError as err:
+            raise ProxyError(str(err)) from err
 
     def _call(self, work: Coroutine[Any, Any, T]) -> T:
-        return self._submit(work).result(timeout=_CONTROL_TIMEOUT)
+        return self._submit(work).result(timeout=CONTROL_TIMEOUT)
 
     async def _set_flowing(self, flowing: bool) -> None:
         assert self._flowing is not None

@@ -2,7 +2,9 @@
 
 Go counterpart: none; this is the test that holds our reflector and store to client-go's. Both
 clients watch the same namespace and label selector on the *target* apiserver (the cache-less one by
-default, where compaction gives a real 410) through a `TcpProxy` the harness controls; the harness
+default, where compaction gives a real 410) through a `TcpProxy` and then an `HttpFaultProxy` the
+harness controls (the first cuts and silences TCP, the second answers chosen statuses, corrupts
+chunks and black-holes connections); the harness
 writes through the other apiserver, so its writes keep going while the target restarts or the
 proxy is cut or silent. After every step it polls until three views agree and stay agreed:
 
@@ -36,6 +38,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from miles.utils.k8s_testenv import ApiServerName, ControlPlane, FaultUnsupportedError, api_client
+from miles.utils.k8s_testenv.http_fault_proxy import (
+    PODS,
+    WATCH,
+    Action,
+    BlackHole,
+    CorruptChunk,
+    HttpFaultProxy,
+    Match,
+    Respond,
+)
 from miles.utils.k8s_testenv.kwok import Kwok
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
 from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleError, OracleProcess
@@ -90,6 +102,9 @@ class HarnessConfig:
     target: ApiServerName = "uncached"
     watch_timeout_seconds: int = 5
     silent_seconds: float = 8.0
+    fault_seconds: float = 3.0
+    without: frozenset[str] = frozenset()
+    """Operations and faults (their values) left out of a soak."""
     etcd_down_seconds: float = 3.0
     quiesce_timeout: float = 90.0
     bulk_size: int = 200
@@ -156,6 +171,8 @@ class DifferentialHarness:
     ) -> None:
         self.config = config
         self.stats = Stats()
+        for left_out in sorted(config.without):
+            self.stats.skipped[left_out] = "left out of this run"
         self.namespace = f"diff-{config.seed}-{uuid.uuid4().hex[:6]}"
         self._plane = plane
         self._oracle_binary = oracle_binary
@@ -169,6 +186,7 @@ class DifferentialHarness:
         self._generation = 0
         self._stack = AsyncExitStack()
         self._proxy: TcpProxy | None = None
+        self._http_proxy: HttpFaultProxy | None = None
         self._oracle: OracleProcess | None = None
         self._loop: ReconcileLoop | None = None
         self._our_api: RecordingPodApi | None = None
@@ -190,6 +208,12 @@ class DifferentialHarness:
             raise HarnessAborted("the harness is not started")
         return self._proxy
 
+    @property
+    def http_proxy(self) -> HttpFaultProxy:
+        if self._http_proxy is None:
+            raise HarnessAborted("the harness is not started")
+        return self._http_proxy
+
     async def __aenter__(self) -> DifferentialHarness:
         try:
             await self._start()
@@ -208,12 +232,16 @@ class DifferentialHarness:
         writer_api = await self._stack.enter_async_context(api_client(self._writer_kubeconfig))
         self._core = client.CoreV1Api(writer_api)
         await self._core.create_namespace({"metadata": {"name": self.namespace}})
-        host, port = server_address(self._target_kubeconfig)
+        self._http_proxy = await self._stack.enter_async_context(
+            HttpFaultProxy(kubeconfig=self._target_kubeconfig, name="differential-http-proxy")
+        )
+        behind_http = self._http_proxy.write_kubeconfig(self._work_dir / "http-proxy.kubeconfig")
+        host, port = server_address(behind_http)
         self._proxy = self._stack.enter_context(
             TcpProxy(upstream_host=host, upstream_port=port, name="differential-proxy")
         )
         proxied = proxied_kubeconfig(
-            self._target_kubeconfig, self._work_dir / "proxied.kubeconfig", self._proxy.url
+            behind_http, self._work_dir / "proxied.kubeconfig", self._proxy.url
         )
         self._oracle = await self._stack.enter_async_context(
             OracleProcess(
@@ -252,7 +280,8 @@ class DifferentialHarness:
         await self._stack.enter_async_context(self._loop)
         self._log(
             f"differential: namespace {self.namespace}, clients on the {self.config.target} "
-            f"apiserver through {self._proxy.url}, writes through the other one; "
+            f"apiserver through {self._proxy.url} and {self._http_proxy.url} (HTTP/1.1), "
+            "writes through the other one; "
             f"oracle WatchListClient={'on' if self.config.oracle_watch_list else 'off'}; "
             f"logs in {self._work_dir}"
         )
@@ -280,7 +309,9 @@ class DifferentialHarness:
         index = 1
         while time.monotonic() < deadline:
             index += 1
-            await self.run_step(soak_step(self._rng, index), label=f"step {index}")
+            await self.run_step(
+                soak_step(self._rng, index, without=self.config.without), label=f"step {index}"
+            )
         return self.stats
 
     async def run_step(self, step: Step, *, label: str) -> None:
@@ -367,6 +398,8 @@ class DifferentialHarness:
     def _check_alive(self) -> None:
         if (problem := self.proxy.failure()) is not None:
             raise HarnessAborted(f"the TCP proxy died, so no comparison can be made: {problem}")
+        if (problem := self.http_proxy.failure()) is not None:
+            raise HarnessAborted(f"the HTTP proxy died, so no comparison can be made: {problem}")
         if (problem := self.oracle.failure()) is not None:
             raise HarnessAborted(f"the oracle died, so no comparison can be made: {problem}")
 
@@ -523,6 +556,7 @@ class DifferentialHarness:
         pod = self._model[name]
         if op is OpKind.STATUS:
             await self._status_patch(name)
+
         elif op is OpKind.RELABEL:
             self._generation += 1
             await self._label_patch(name, {GEN_LABEL: str(self._generation)})
@@ -601,7 +635,9 @@ class DifferentialHarness:
         while True:
             attempt += 1
             try:
-                await call(*args, _request_timeout=_WRITE_TIMEOUT, **kwargs)
+                await _raw(
+                    call(*args, _request_timeout=_WRITE_TIMEOUT, _preload_content=False, **kwargs)
+                )
                 return
             except ApiException as err:
                 if err.status == 409 and what == "create" and attempt > 1:
@@ -631,8 +667,10 @@ class DifferentialHarness:
         while remaining:
             if self._kwok is not None and (problem := self._kwok.failure()) is not None:
                 raise HarnessAborted(f"KWOK died during a graceful delete: {problem}")
-            pods = await self._core.list_namespaced_pod(self.namespace)
-            present = {pod.metadata.name for pod in pods.items}
+            pods = await _raw(
+                self._core.list_namespaced_pod(self.namespace, _preload_content=False)
+            )
+            present = {pod["metadata"]["name"] for pod in pods["items"]}
             remaining &= present
             if remaining and time.monotonic() > deadline:
                 raise HarnessAborted(
@@ -692,7 +730,61 @@ class DifferentialHarness:
             return await self._cut_mid_frame()
         if fault is FaultKind.SILENT:
             return await self._go_silent()
+        if fault is FaultKind.CORRUPT_CHUNK:
+            return await self._corrupt_chunks()
+        if fault is FaultKind.DEAD_CONNECTION:
+            return await self._dead_connections()
+        if (answer := self._http_answer(fault)) is not None:
+            return await self._answer_requests(*answer)
         return await self._reconcile_fault(fault)
+
+    def _http_answer(self, fault: FaultKind) -> tuple[Match, Respond] | None:
+        if fault is FaultKind.WATCH_500:
+            return WATCH, Respond(500)
+        if fault is FaultKind.CURSOR_REJECTED:
+            rejections = [Respond(410, in_band=True), Respond(410), Respond(504)]
+            return WATCH, self._rng.choice(rejections)
+        if fault is FaultKind.THROTTLED_429:
+            return Match(path=PODS), Respond(429, headers={"Retry-After": "2"})
+        return None
+
+    async def _answer_requests(self, match: Match, answer: Respond) -> float:
+        """Every request `match` fits is answered `answer` for `fault_seconds` (the fresh LIST
+        goes to the other apiserver, so it is spared); open watches are cut first so that every
+        client has to ask again, and writes land meanwhile."""
+        with self._http_fault(match, answer):
+            self.proxy.cut()
+            await self._ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(self.config.fault_seconds)
+        return time.monotonic()
+
+    async def _corrupt_chunks(self) -> float:
+        """The next chunk of every watch response, open or opened during the fault, is half a
+        frame and then a chunk-size line that is not hex, on a connection kept open; writes make
+        the chunks."""
+        with self._http_fault(WATCH, CorruptChunk()):
+            await self._ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(self.config.fault_seconds)
+        return time.monotonic()
+
+    async def _dead_connections(self) -> float:
+        """Every watch connection dies without a FIN at its next chunk: nothing more is
+        forwarded and nothing closes it. After `silent_seconds` the held connections are reset,
+        since client-go over the proxy's HTTP/1.1 has no health check and would wait forever."""
+        with self._http_fault(WATCH, BlackHole()):
+            await self._ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(self.config.silent_seconds)
+        held = await self.http_proxy.reset_held()
+        logger.warning("differential: reset %d dead connection(s)", held)
+        return time.monotonic()
+
+    @contextlib.contextmanager
+    def _http_fault(self, match: Match, action: Action) -> Iterator[None]:
+        fault = self.http_proxy.add(match, action)
+        try:
+            yield
+        finally:
+            self.http_proxy.remove(fault)
 
     async def _restart_target_apiserver(self) -> float:
         """Writes land while the clients' apiserver is down; healed once its port accepts."""
@@ -778,6 +870,22 @@ class DifferentialHarness:
             self._reconcile_delay = 0.0
             self._reconcile_raises = False
         return time.monotonic()
+
+
+async def _raw(request: Awaitable[Any]) -> Any:
+    """The JSON body of a `kubernetes_asyncio` call made with `_preload_content=False`, or its
+    `ApiException`: the client's own models cannot read every pod the apiserver accepts (a
+    year-0 timestamp fails its datetime parser)."""
+    from kubernetes_asyncio.client.exceptions import ApiException
+
+    resp = await request
+    try:
+        status, body = resp.status, await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= status < 300:
+        raise ApiException(status=status, reason=body[:300].decode(errors="replace"))
+    return json.loads(body) if body else None
 
 
 async def _accepts(address: tuple[str, int]) -> bool:

@@ -32,35 +32,48 @@ class FaultKind(enum.StrEnum):
     ETCD_RESTART = "etcd-stop-start"
     CUT_MID_FRAME = "cut-mid-frame"
     SILENT = "silent-connection"
+    WATCH_500 = "watch-500"
+    CURSOR_REJECTED = "cursor-rejected"
+    THROTTLED_429 = "throttled-429"
+    CORRUPT_CHUNK = "corrupt-chunk"
+    DEAD_CONNECTION = "dead-connection"
     RECONCILE_SLOW = "reconcile-slow"
     RECONCILE_RAISES = "reconcile-raises"
 
 
 Step = OpKind | FaultKind
+_PAIRS = ((OpKind.LEAVE, OpKind.REENTER), (OpKind.ORPHAN, OpKind.ADOPT))
+_ORDERED = frozenset(op for pair in _PAIRS for op in pair)
 
 
-def ci_plan(rng: random.Random) -> list[Step]:
-    """Every operation and every fault at least once, in a seeded order, bulk churn included."""
+def ci_plan(rng: random.Random, *, without: frozenset[str] = frozenset()) -> list[Step]:
+    """Every operation and every fault at least once, in a seeded order, bulk churn included;
+    the steps named in `without` are left out (the pairs that must keep their order excepted)."""
     ops: list[Step] = [kind for kind in OpKind if kind is not OpKind.CREATE]
     ops += [OpKind.CREATE, OpKind.MOVE, OpKind.RELABEL, OpKind.LEAVE, OpKind.REENTER]
     faults: list[Step] = list(FaultKind)
+    ops = [op for op in ops if op.value not in without or op in _ORDERED]
+    faults = [fault for fault in faults if fault.value not in without]
     rng.shuffle(ops)
     rng.shuffle(faults)
     plan: list[Step] = [OpKind.CREATE]
     while ops or faults:
         plan.append(ops.pop() if ops and (not faults or rng.random() < 0.6) else faults.pop())
-    for first, then in ((OpKind.LEAVE, OpKind.REENTER), (OpKind.ORPHAN, OpKind.ADOPT)):
+    for first, then in _PAIRS:
         i, j = plan.index(first), plan.index(then)
         if j < i:
             plan[i], plan[j] = then, first
     return plan
 
 
-def soak_step(rng: random.Random, index: int) -> Step:
+def soak_step(rng: random.Random, index: int, *, without: frozenset[str] = frozenset()) -> Step:
     """Step `index` of a soak: bulk churn every `_BULK_EVERY` steps, else a fault a quarter of
-    the time and an operation otherwise."""
-    if index % _BULK_EVERY == 0:
+    the time and an operation otherwise, never one named in `without`."""
+    if index % _BULK_EVERY == 0 and OpKind.BULK_CHURN.value not in without:
         return OpKind.BULK_CHURN
-    if rng.random() < 0.25:
-        return rng.choice(list(FaultKind))
-    return rng.choice([kind for kind in OpKind if kind is not OpKind.BULK_CHURN])
+    faults = [kind for kind in FaultKind if kind.value not in without]
+    if rng.random() < 0.25 and faults:
+        return rng.choice(faults)
+    return rng.choice(
+        [kind for kind in OpKind if kind is not OpKind.BULK_CHURN and kind.value not in without]
+    )
