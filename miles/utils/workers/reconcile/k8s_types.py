@@ -76,8 +76,17 @@ class PodMetadata(_View):
     annotations: OrEmpty[dict[str, str]] = Field(default_factory=dict)
 
 
+class Container(_View):
+    name: str | None = None
+    restart_policy: str | None = _both("restart_policy", "restartPolicy")
+
+
 class PodSpec(_View):
     node_name: str | None = _both("node_name", "nodeName")
+    containers: OrEmpty[list[Container]] = Field(default_factory=list)
+    init_containers: OrEmpty[list[Container]] = _both(
+        "init_containers", "initContainers", default_factory=list
+    )
 
 
 class PodCondition(_View):
@@ -99,6 +108,7 @@ class ContainerStateWaiting(_View):
 
 class ContainerStateTerminated(_View):
     exit_code: int = _both("exit_code", "exitCode", default=...)
+    signal: int | None = None
     reason: str | None = None
     message: str | None = None
     started_at: datetime | None = _both("started_at", "startedAt")
@@ -115,18 +125,28 @@ class ContainerStatus(_View):
     name: str
     ready: bool
     restart_count: int = _both("restart_count", "restartCount", default=...)
+    started: bool | None = None
     state: OrEmpty[ContainerState] = Field(default_factory=ContainerState)
     last_state: OrEmpty[ContainerState] = _both(
         "last_state", "lastState", default_factory=ContainerState
     )
 
 
+class PodIP(_View):
+    ip: str | None = None
+
+
 class PodStatus(_View):
     phase: str | None = None
+    reason: str | None = None
     pod_ip: str | None = _both("pod_ip", "podIP")
+    pod_ips: OrEmpty[list[PodIP]] = _both("pod_ips", "podIPs", default_factory=list)
     conditions: OrEmpty[list[PodCondition]] = Field(default_factory=list)
     container_statuses: OrEmpty[list[ContainerStatus]] = _both(
         "container_statuses", "containerStatuses", default_factory=list
+    )
+    init_container_statuses: OrEmpty[list[ContainerStatus]] = _both(
+        "init_container_statuses", "initContainerStatuses", default_factory=list
     )
 
 

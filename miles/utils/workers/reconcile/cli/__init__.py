@@ -1,4 +1,4 @@
-"""The ``miles-reconcile`` command line: its own ``watch``, plus the subcommands other packages
+"""The ``miles-reconcile`` command line: its own ``watch`` and ``status``, plus the subcommands other packages
 declare in the entry-point group ``miles_reconcile.commands`` (the test environment's ``env`` and
 ``demo``). Go: kubectl's root command and plugin handler.
 
@@ -19,12 +19,12 @@ from typing import NoReturn, TextIO
 
 from miles.utils.workers.reconcile.cli.failures import USAGE_EXIT, CliError, describe_failure
 from miles.utils.workers.reconcile.cli.subcommand import ENTRY_POINT_GROUP, Subcommand
-from miles.utils.workers.reconcile.cli.watch_command import WATCH
+from miles.utils.workers.reconcile.cli.watch_command import STATUS, WATCH
 from miles.utils.workers.reconcile.cli.watch_view import INTERRUPTED_EXIT
 
 PROG = "miles-reconcile"
 DISTRIBUTION = "miles-reconcile"
-BUILT_IN: tuple[Subcommand, ...] = (WATCH,)
+BUILT_IN: tuple[Subcommand, ...] = (WATCH, STATUS)
 
 
 class CommandParser(argparse.ArgumentParser):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 from miles.utils.workers.reconcile.k8s_api import KubernetesApiError
@@ -26,7 +27,10 @@ def describe_failure(exc: BaseException) -> str | None:
         return "timed out waiting for the apiserver"
     if isinstance(exc, KubernetesApiError):
         return _describe_status(exc.code, exc.message or exc.reason)
-    return _describe_kubernetes_failure(exc) or _describe_connection_failure(exc)
+    described = _describe_kubernetes_failure(exc) or _describe_connection_failure(exc)
+    if described is None and isinstance(exc, ssl.SSLError):
+        return f"TLS setup failed: {_ssl_reason(exc)}; check the kubeconfig's certificates"
+    return described
 
 
 def _describe_kubernetes_failure(exc: BaseException) -> str | None:
@@ -69,9 +73,28 @@ def _describe_connection_failure(exc: BaseException) -> str | None:
         import aiohttp
     except ImportError:
         return None
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return (
+            f"TLS verification of the apiserver at {_server(exc)} failed: "
+            f"{_ssl_reason(exc.certificate_error)}; check the kubeconfig's certificate-authority"
+        )
+    if isinstance(exc, aiohttp.ClientConnectorSSLError):
+        return (
+            f"TLS handshake with the apiserver at {_server(exc)} failed: "
+            f"{_ssl_reason(exc.os_error)}; check the kubeconfig's certificates and the server URL"
+        )
     if isinstance(exc, aiohttp.ClientConnectorError):
         reason = exc.os_error.strerror or str(exc.os_error) or type(exc.os_error).__name__
-        return f"cannot reach the apiserver at {exc.host}:{exc.port}: {reason}"
+        return f"cannot reach the apiserver at {_server(exc)}: {reason}"
     if isinstance(exc, aiohttp.ClientError):
         return f"talking to the apiserver failed: {exc or type(exc).__name__}"
     return None
+
+
+def _server(exc: Any) -> str:
+    return f"{exc.host}:{exc.port}"
+
+
+def _ssl_reason(err: BaseException) -> str:
+    reason = getattr(err, "verify_message", None) or getattr(err, "reason", None)
+    return str(reason or err or type(err).__name__)

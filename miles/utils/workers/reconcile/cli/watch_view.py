@@ -2,8 +2,9 @@
 (the printer side); the loop side is ``loop.py``.
 
 The reconcile function reads ``loop.get_by_parent(parent)`` and hands the rows to a
-:class:`LiveView`, which keeps the snapshot and draws it through :mod:`pool_view`: in place on a
-terminal, as appended snapshots or JSON lines otherwise.
+:class:`LiveView`, which keeps the snapshot and its marks and draws through :mod:`pool_view`: in
+place and fitted to the screen on a terminal; off one (a pipe, a file, ``TERM=dumb``) the first
+snapshot and then only the rows that changed; or JSON.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,17 +21,26 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TextIO
 
+from miles.utils.workers.reconcile.cli.failures import CliError
 from miles.utils.workers.reconcile.cli.pool_view import (
+    Mark,
     MemberRow,
-    PoolSnapshot,
+    ParentBlock,
+    Screen,
+    ShownRow,
+    change_line,
+    clip,
     member_row,
     reconcile_record,
-    render_pool,
+    render_screen,
 )
+from miles.utils.workers.reconcile.cli.status_view import ConnectionTracker, loop_status
+from miles.utils.workers.reconcile.k8s_api import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.source_event import ParentKey
 
-OutputFormat = Literal["table", "jsonl"]
+OutputFormat = Literal["table", "wide", "json", "jsonl"]
+OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("table", "wide", "json", "jsonl")
 MARK_SECONDS = 5.0
 TICK_SECONDS = 1.0
 PREFLIGHT_TIMEOUT = 15.0
@@ -37,9 +48,11 @@ HOME = "\x1b[H"
 CLEAR_LINE = "\x1b[K"
 CLEAR_BELOW = "\x1b[J"
 CLEAR_SCREEN = "\x1b[2J"
+HIDE_CURSOR = "\x1b[?25l"
+SHOW_CURSOR = "\x1b[?25h"
 NOTES_KEPT = 4
-FIRST_SEEN_SLACK = 64
 INTERRUPTED_EXIT = 130
+SIGNAL_EXIT_BASE = 128
 
 
 def wall_now() -> datetime:
@@ -54,24 +67,61 @@ class WatchOptions:
     output: OutputFormat = "table"
 
 
+@dataclass(frozen=True, slots=True)
+class Terminal:
+    """How the view may draw: ``live`` redraws in place (a terminal that is not ``TERM=dumb``);
+    ``styled`` adds bold and dim (not with ``NO_COLOR``); ``size`` reads the screen, or ``None``
+    when unbounded."""
+
+    live: bool
+    styled: bool
+    size: Callable[[], tuple[int, int] | None] = lambda: None
+
+    @classmethod
+    def of(cls, stream: TextIO, environ: Mapping[str, str]) -> Terminal:
+        tty = _isatty(stream)
+        dumb = environ.get("TERM", "") in ("dumb", "")
+        if not tty:
+            return cls(live=False, styled=False)
+        return cls(
+            live=not dumb,
+            styled=not dumb and not environ.get("NO_COLOR"),
+            size=lambda: _terminal_size(stream),
+        )
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except ValueError:
+        return False
+
+
+def _terminal_size(stream: TextIO) -> tuple[int, int] | None:
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError):
+        return None
+    return (size.columns, size.lines) if size.columns > 0 and size.lines > 0 else None
+
+
 class PodLister(Protocol):
     async def list_pods(self, *, namespace: str, label_selector: str) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
-class _ParentChange:
-    """A parent's rows before its latest reconcile, and when that reconcile ran."""
-
-    before: tuple[MemberRow, ...]
+class _RowMark:
+    mark: Mark
     at: datetime
+    row: MemberRow
 
 
 class LiveView:
     """The pool as the loop last reconciled it, drawn after every reconcile.
 
-    Marks show what each parent's latest reconcile changed, for :data:`MARK_SECONDS` on a terminal
-    and in the one snapshot it produced otherwise. Reconciles before :meth:`start_marking` (the
-    initial sync) are drawn unmarked.
+    A row that changed is marked ``*``, and a pod that left stays shown, marked ``-``, for
+    :data:`MARK_SECONDS` from the reconcile that saw it, whatever reconciles follow. Reconciles
+    before :meth:`start_marking` (the initial sync) are drawn unmarked.
     """
 
     def __init__(
@@ -83,115 +133,169 @@ class LiveView:
         title: str,
         now: Callable[[], datetime] = wall_now,
         on_output_closed: Callable[[], None] = lambda: None,
+        terminal: Terminal | None = None,
     ) -> None:
         self._stream = stream
         self._output = output
-        self._tty = tty
+        self._terminal = terminal or Terminal(live=tty, styled=tty)
         self._title = title
         self._now = now
         self._on_output_closed = on_output_closed
-        self._rows: dict[ParentKey, tuple[MemberRow, ...]] = {}
-        self._changes: dict[ParentKey, _ParentChange] = {}
-        self._first_seen: dict[str, datetime] = {}
+        self._rows: dict[ParentKey, dict[str, MemberRow]] = {}
+        self._marks: dict[tuple[ParentKey, str], _RowMark] = {}
         self._marking = False
+        self._printed_snapshot = False
         self._reconciles = 0
         self._last_parent: ParentKey | None = None
         self._last_at = now()
+        self.connection = ConnectionTracker()
         self.caption: list[str] = []
         self.output_closed = False
         """The reader went away (``| head``); ``on_output_closed`` was called once."""
         self.notes: deque[str] = deque(maxlen=NOTES_KEPT)
 
+    @property
+    def live(self) -> bool:
+        return self._terminal.live and self._output in ("table", "wide")
+
     def start_marking(self, synced: Mapping[ParentKey, Sequence[Pod]]) -> None:
-        """Take the synced store as the unmarked baseline; from now on reconciles mark changes."""
-        now = self._now()
+        """Take the synced store as the unmarked baseline; from now on reconciles mark changes.
+        Off a terminal, the baseline is printed once as a table."""
         self._rows = {
-            parent: tuple(member_row(pod, first_seen=self._seen(pod, now)) for pod in pods)
+            parent: {row.name: row for row in map(member_row, pods)}
             for parent, pods in synced.items()
             if pods
         }
+        self._marks.clear()
         self._marking = True
+        if self._output in ("table", "wide") and not self.live:
+            self._print_snapshot()
 
     def show_parent(self, parent: ParentKey, pods: Sequence[Pod]) -> None:
         """Record ``parent``'s members as the loop holds them now, then draw."""
         now = self._now()
-        rows = tuple(member_row(pod, first_seen=self._seen(pod, now)) for pod in pods)
-        if self._marking:
-            self._changes[parent] = _ParentChange(self._rows.get(parent, ()), now)
+        rows = {row.name: row for row in map(member_row, pods)}
+        before = self._rows.get(parent, {})
+        changed = self._note_changes(parent, before, rows, now) if self._marking else []
         if rows:
             self._rows[parent] = rows
         else:
             self._rows.pop(parent, None)
-        self._forget_gone_pods()
         self._reconciles += 1
         self._last_parent = parent
         self._last_at = now
-        if self._output == "jsonl":
-            self._write(json.dumps(reconcile_record(parent, rows, now=now)) + "\n")
+        if self._output in ("json", "jsonl"):
+            record = reconcile_record(parent, rows.values(), now=now)
+            indent = 2 if self._output == "json" else None
+            self._write(json.dumps(record, indent=indent) + "\n")
+        elif self.live:
+            self.draw()
+        elif not self._marking:
+            return
         else:
-            self.draw(only_changes_of=None if self._tty else parent)
+            wide = self._output == "wide"
+            width = self._width()
+            lines = [change_line(parent, shown, now, wide=wide) for shown in changed]
+            self._write("".join(f"{clip(line, width)}\n" for line in lines))
 
-    def draw(self, *, only_changes_of: ParentKey | None = None) -> None:
-        """Draw the table; off a terminal, only ``only_changes_of``'s latest change is marked."""
-        if self._output == "jsonl":
+    def _note_changes(
+        self,
+        parent: ParentKey,
+        before: Mapping[str, MemberRow],
+        after: Mapping[str, MemberRow],
+        now: datetime,
+    ) -> list[ShownRow]:
+        changed: list[ShownRow] = []
+        for name, row in after.items():
+            if name not in before or before[name].shown != row.shown:
+                self._marks[(parent, name)] = _RowMark(Mark.CHANGED, now, row)
+                changed.append(ShownRow(row, Mark.CHANGED))
+        for name, row in before.items():
+            if name not in after:
+                self._marks[(parent, name)] = _RowMark(Mark.GONE, now, row)
+                changed.append(ShownRow(row, Mark.GONE))
+        return changed
+
+    def draw(self) -> None:
+        """Redraw the screen in place (a live terminal only; elsewhere nothing is redrawn)."""
+        if not self.live or self.output_closed:
             return
         now = self._now()
-        lines = render_pool(
-            self._rows,
-            self._previous(now, only_changes_of),
+        size = self._terminal.size()
+        width, height = size if size is not None else (None, None)
+        lines = render_screen(
+            self.blocks(now),
             now=now,
-            header=self._header(now),
+            screen=Screen(width=width, height=height, styled=self._terminal.styled),
+            header=self._header(),
             footer=[*self.caption, *(f"log: {note}" for note in self.notes)],
-            styled=self._tty,
+            wide=self._output == "wide",
         )
-        if self._tty:
-            body = "".join(f"{line}{CLEAR_LINE}\n" for line in lines)
-            self._write(f"{HOME}{body}{CLEAR_BELOW}")
-        else:
-            self._write("\n".join(lines) + "\n\n")
+        body = f"{CLEAR_LINE}\n".join(lines)
+        self._write(f"{HOME}{body}{CLEAR_LINE}{CLEAR_BELOW}")
 
-    def _previous(self, now: datetime, only: ParentKey | None) -> PoolSnapshot:
-        if only is not None:
-            self._changes = {p: c for p, c in self._changes.items() if p == only}
-        else:
-            self._changes = {
-                p: c
-                for p, c in self._changes.items()
-                if (now - c.at).total_seconds() < MARK_SECONDS
-            }
-        previous: dict[ParentKey, Sequence[MemberRow]] = dict(self._rows)
-        for parent, change in self._changes.items():
-            if change.before:
-                previous[parent] = change.before
-            else:
-                previous.pop(parent, None)
-        return previous
+    def blocks(self, now: datetime) -> list[ParentBlock]:
+        """Every parent with its rows and their marks as of ``now``; expired marks are dropped."""
+        self._marks = {
+            key: m for key, m in self._marks.items() if (now - m.at).total_seconds() < MARK_SECONDS
+        }
+        parents = sorted(set(self._rows) | {parent for parent, _ in self._marks})
+        blocks = []
+        for parent in parents:
+            rows = self._rows.get(parent, {})
+            shown = [ShownRow(row, self._mark_of(parent, name)) for name, row in rows.items()]
+            shown += [
+                ShownRow(m.row, Mark.GONE)
+                for (p, name), m in sorted(self._marks.items())
+                if p == parent and m.mark is Mark.GONE and name not in rows
+            ]
+            blocks.append(ParentBlock(parent, tuple(shown), len(rows)))
+        return blocks
 
-    def _header(self, now: datetime) -> list[str]:
+    def _mark_of(self, parent: ParentKey, name: str) -> Mark:
+        mark = self._marks.get((parent, name))
+        return Mark.CHANGED if mark is not None and mark.mark is Mark.CHANGED else Mark.NONE
+
+    def _print_snapshot(self) -> None:
+        if self._printed_snapshot:
+            return
+        self._printed_snapshot = True
+        now = self._now()
+        lines = render_screen(
+            self.blocks(now),
+            now=now,
+            screen=Screen(width=self._width()),
+            header=[self._title],
+            wide=self._output == "wide",
+        )
+        self._write("\n".join(lines) + "\n")
+
+    def _width(self) -> int | None:
+        size = self._terminal.size()
+        return size[0] if size is not None else None
+
+    def _header(self) -> list[str]:
         last = (
-            f"last reconcile: {self._last_parent} at {self._last_at:%H:%M:%S} (#{self._reconciles})"
+            f"last reconcile {self._last_parent} at "
+            f"{self._last_at.astimezone():%H:%M:%S} (#{self._reconciles})"
             if self._last_parent is not None
             else "waiting for the first reconcile"
         )
         members = sum(len(rows) for rows in self._rows.values())
+        counts = f"{len(self._rows)} parents, {members} pods; {last}"
+        status = self.connection.line()
         return [
-            self._title,
-            f"parents: {len(self._rows)}, members: {members}; {last}",
-            "* changed by the latest reconcile   - gone since",
+            f"{self._title}   (* changed, - gone: {MARK_SECONDS:.0f}s)",
+            f"{status} | {counts}" if status else counts,
         ]
 
-    def _seen(self, pod: Pod, now: datetime) -> datetime:
-        return self._first_seen.setdefault(_identity(pod.metadata.uid, pod.metadata.name), now)
-
-    def _forget_gone_pods(self) -> None:
-        shown = sum(len(rows) for rows in self._rows.values())
-        if len(self._first_seen) <= 2 * shown + FIRST_SEEN_SLACK:
-            return
-        live = {_identity(row.uid, row.name) for rows in self._rows.values() for row in rows}
-        self._first_seen = {key: at for key, at in self._first_seen.items() if key in live}
+    def observe(self, status: Any) -> None:
+        """Take a ``LoopStatus``; once the stream is healthy again, connection warnings clear."""
+        if self.connection.observe(status):
+            self.notes.clear()
 
     def _write(self, text: str) -> None:
-        if self.output_closed:
+        if self.output_closed or not text:
             return
         try:
             self._stream.write(text)
@@ -209,7 +313,8 @@ class NotesHandler(logging.Handler):
         self._view = view
 
     def emit(self, record: logging.LogRecord) -> None:
-        self._view.notes.append(f"{record.levelname.lower()}: {record.getMessage()}")
+        first_line = record.getMessage().splitlines()[0] if record.getMessage() else ""
+        self._view.notes.append(f"{record.levelname.lower()}: {first_line}")
 
 
 @contextlib.contextmanager
@@ -251,6 +356,66 @@ def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
             loop.remove_signal_handler(signum)
 
 
+class SignalCancel:
+    """SIGINT and SIGTERM cancel the task that installed this, at whatever it awaits (connecting,
+    listing, watching), so ``finally`` blocks restore the terminal; :attr:`exit_code` is then
+    ``128 + signal`` (130, 143), as a shell reports a process killed by it."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    @property
+    def exit_code(self) -> int | None:
+        return None if self.received is None else SIGNAL_EXIT_BASE + self.received
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_signal(signum: int) -> None:
+            if self.received is None:
+                self.received = signum
+                task.cancel()
+
+        signals = (signal.SIGINT, signal.SIGTERM)
+        for signum in signals:
+            loop.add_signal_handler(signum, on_signal, signum)
+        try:
+            yield
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
+
+    async def run(self, work: Any) -> int | None:
+        """Await ``work``; on a signal, its exit code instead of the cancellation."""
+        task = asyncio.current_task()
+        assert task is not None
+        with self.installed():
+            try:
+                await work
+            except asyncio.CancelledError:
+                if self.received is None:
+                    raise
+                task.uncancel()
+        return self.exit_code
+
+
+@contextlib.contextmanager
+def redraw_on_resize(view: LiveView) -> Iterator[None]:
+    """SIGWINCH redraws at the new size at once."""
+    if not view.live:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGWINCH, view.draw)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGWINCH)
+
+
 def synced_pool(loop: Any) -> dict[ParentKey, list[Any]]:
     return {parent: loop.get_by_parent(parent) for parent in loop.parent_keys()}
 
@@ -268,11 +433,33 @@ def empty_selection_note(options: WatchOptions, pods_listed: int) -> str:
 
 
 async def preflight(pod_api: PodLister, options: WatchOptions) -> int:
-    """One LIST before the loop starts, so a bad address or a missing permission fails at once
-    (the reflector would retry it forever). Returns how many pods it listed."""
-    async with asyncio.timeout(PREFLIGHT_TIMEOUT):
-        page = await pod_api.list_pods(namespace=options.namespace, label_selector=options.selector)
+    """One LIST before the loop starts, so a bad address, a bad selector or a missing permission
+    fails at once (the reflector would retry it forever). Returns how many pods it listed."""
+    try:
+        async with asyncio.timeout(PREFLIGHT_TIMEOUT):
+            page = await pod_api.list_pods(
+                namespace=options.namespace, label_selector=options.selector
+            )
+    except KubernetesApiError as err:
+        if err.code == 400:
+            raise CliError(
+                f"selector {options.selector!r} rejected by the apiserver: "
+                f"{err.message or err.reason}; fix --selector (e.g. app=engine)"
+            ) from None
+        raise
     return len(page.pods)
+
+
+def make_loop(options: WatchOptions, *, pod_api: Any, reconcile: Any) -> Any:
+    from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+    from miles.utils.workers.reconcile.loop import ReconcileLoop
+
+    reflector = KubernetesReflector(
+        kube_client=pod_api, namespace=options.namespace, label_selector=options.selector
+    )
+    return ReconcileLoop(
+        source=reflector.watch, reconcile=reconcile, key_map=parent_label_map(options.parent_label)
+    )
 
 
 async def watch_pool(
@@ -285,39 +472,39 @@ async def watch_pool(
     tick: bool,
 ) -> None:
     """Run the loop with ``view`` as its reconcile until ``stop`` is set."""
-    from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
-    from miles.utils.workers.reconcile.loop import ReconcileLoop
-
     listed = await preflight(pod_api, options)
-    reflector = KubernetesReflector(
-        kube_client=pod_api, namespace=options.namespace, label_selector=options.selector
-    )
 
     async def reconcile(parent: ParentKey) -> None:
         view.show_parent(parent, loop.get_by_parent(parent))
 
-    loop = ReconcileLoop(
-        source=reflector.watch, reconcile=reconcile, key_map=parent_label_map(options.parent_label)
-    )
+    loop = make_loop(options, pod_api=pod_api, reconcile=reconcile)
     async with loop:
+        view.observe(loop_status(loop))
         view.start_marking(synced_pool(loop))
         if not loop.parent_keys():
             note = empty_selection_note(options, listed)
             err.write(f"miles-reconcile: {note}\n")
             err.flush()
             view.notes.append(note)
-            view.draw()
-        await wait_redrawing(view, stop, tick=tick)
+        view.draw()
+        await wait_redrawing(view, stop, tick=tick, status=lambda: loop_status(loop))
 
 
-async def wait_redrawing(view: LiveView, stop: asyncio.Event, *, tick: bool) -> None:
-    """Wait for ``stop``; with ``tick``, redraw every :data:`TICK_SECONDS` meanwhile (ages move,
-    marks fade)."""
+async def wait_redrawing(
+    view: LiveView,
+    stop: asyncio.Event,
+    *,
+    tick: bool,
+    status: Callable[[], Any] = lambda: None,
+) -> None:
+    """Wait for ``stop``; with ``tick``, read the loop's status and redraw every
+    :data:`TICK_SECONDS` meanwhile (ages move, marks fade, the status line follows)."""
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(TICK_SECONDS if tick else None):
                 await stop.wait()
         if tick and not stop.is_set():
+            view.observe(status())
             view.draw()
 
 
@@ -328,39 +515,66 @@ def view_title(options: WatchOptions, *, command: str = "watch") -> str:
     )
 
 
+@contextlib.contextmanager
+def owning_terminal(view: LiveView, out: TextIO) -> Iterator[None]:
+    """Clear the screen and hide the cursor while the live view draws; on the way out, whatever
+    ends it, show the cursor again and leave the last frame above the prompt."""
+    if not view.live:
+        yield
+        return
+    out.write(CLEAR_SCREEN + HIDE_CURSOR)
+    out.flush()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(BrokenPipeError, ValueError):
+            out.write(SHOW_CURSOR + "\n")
+            out.flush()
+
+
 async def run_watch(
     options: WatchOptions,
     *,
-    kubeconfig: str | None,
+    target: Any,
     environ: Mapping[str, str],
     out: TextIO,
     err: TextIO,
-) -> None:
-    from miles.utils.workers.reconcile.cli.kube_session import core_v1_api
+) -> int:
+    """The ``watch`` command; returns its exit code (130 after Ctrl-C, 143 after SIGTERM)."""
+    from miles.utils.workers.reconcile.cli.kube_session import kube_session
     from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 
-    tty = out.isatty() and options.output == "table"
     stop = asyncio.Event()
-    view = LiveView(
-        stream=out,
-        output=options.output,
-        tty=tty,
-        title=view_title(options),
-        on_output_closed=stop.set,
-    )
-    with stop_on_signals(stop):
-        async with core_v1_api(kubeconfig, environ) as core:
-            pod_api = KubernetesAsyncioPodApi(core_v1_api=core)
-            if tty:
-                out.write(CLEAR_SCREEN)
-            with logs_into(view, enabled=tty):
-                await watch_pool(options, pod_api=pod_api, view=view, stop=stop, err=err, tick=tty)
-    if view.output_closed:
-        raise BrokenPipeError
-    if tty:
-        out.write("\n")
-    err.write("miles-reconcile: stopped\n")
+    signals = SignalCancel()
 
+    async def watch() -> None:
+        async with kube_session(target, environ) as session:
+            resolved = WatchOptions(
+                namespace=session.namespace,
+                selector=options.selector,
+                parent_label=options.parent_label,
+                output=options.output,
+            )
+            view = LiveView(
+                stream=out,
+                output=options.output,
+                tty=False,
+                title=view_title(resolved),
+                on_output_closed=stop.set,
+                terminal=Terminal.of(out, environ),
+            )
+            pod_api = KubernetesAsyncioPodApi(core_v1_api=session.core_v1_api)
+            with (
+                owning_terminal(view, out),
+                redraw_on_resize(view),
+                logs_into(view, enabled=view.live),
+            ):
+                await watch_pool(
+                    resolved, pod_api=pod_api, view=view, stop=stop, err=err, tick=view.live
+                )
+            if view.output_closed:
+                raise BrokenPipeError
 
-def _identity(uid: str | None, name: str) -> str:
-    return uid or name
+    code = await signals.run(watch())
+    err.write("miles-reconcile: stopped\n" if code is None else "miles-reconcile: interrupted\n")
+    return code or 0

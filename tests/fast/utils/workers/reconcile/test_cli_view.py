@@ -13,17 +13,20 @@ import pytest
 from miles.utils.k8s_testenv.testing.k8s_fakes import PARENT_LABEL, FakePodApi
 from miles.utils.k8s_testenv.testing.k8s_fakes import pod as k8s_pod
 from miles.utils.workers.reconcile import cli
-from miles.utils.workers.reconcile.cli.failures import CliError, describe_failure
-from miles.utils.workers.reconcile.cli.kube_session import kubeconfig_path
+from miles.utils.workers.reconcile.cli.failures import describe_failure
 from miles.utils.workers.reconcile.cli.pool_view import (
+    Mark,
     MemberRow,
-    format_age,
+    ParentBlock,
+    Screen,
+    ShownRow,
     member_row,
     reconcile_record,
-    render_pool,
+    render_screen,
 )
 from miles.utils.workers.reconcile.cli.watch_view import (
     HOME,
+    MARK_SECONDS,
     LiveView,
     WatchOptions,
     empty_selection_note,
@@ -56,13 +59,21 @@ def make_pod(
                 "uid": f"uid-{name}",
                 "resourceVersion": rv,
                 "labels": {"cell": cell, "app": "engine"},
+                "creationTimestamp": T0.isoformat(),
                 "deletionTimestamp": T0.isoformat() if deleting else None,
             },
-            "spec": {"nodeName": "fake-node"},
+            "spec": {"nodeName": "fake-node", "containers": [{"name": "engine"}]},
             "status": {
                 "phase": phase,
                 "podIP": ip,
-                "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": restarts}],
+                "containerStatuses": [
+                    {
+                        "name": "engine",
+                        "ready": ready,
+                        "restartCount": restarts,
+                        "state": {"running": {}},
+                    }
+                ],
             },
         }
     )
@@ -77,65 +88,73 @@ class Clock:
 
 
 def row(name: str, **changes: Any) -> MemberRow:
-    return member_row(make_pod(name, **changes), first_seen=T0)
+    return member_row(make_pod(name, **changes))
 
 
-def test_member_row_reads_phase_ready_restarts_ip_node() -> None:
-    assert row("e-0", restarts=2, ready=False).shown == (
+def test_member_row_reads_kubectls_columns() -> None:
+    assert row("e-0", restarts=2, ready=False).cells(T0, wide=True) == (
         "e-0",
-        "Running",
         "0/1",
-        2,
+        "Running",
+        "2",
+        "0s",
         "10.0.0.1",
         "fake-node",
     )
-    assert row("e-1", deleting=True).phase == "Terminating"
-    assert row("e-2", ip=None).ip == "-"
+    assert row("e-1", deleting=True).columns.status == "Terminating"
+    assert row("e-2", ip=None).columns.ip == "<none>"
 
 
-def test_age_is_kubectl_short_form() -> None:
-    assert format_age(T0, T0 + timedelta(seconds=42)) == "42s"
-    assert format_age(T0, T0 + timedelta(minutes=5, seconds=3)) == "5m"
-    assert format_age(T0, T0 + timedelta(hours=3)) == "3h"
-    assert format_age(None, T0) == "-"
+def blocks_of(
+    rows: dict[str, list[MemberRow]], marks: dict[str, Mark] | None = None
+) -> list[ParentBlock]:
+    marks = marks or {}
+    return [
+        ParentBlock(
+            parent,
+            tuple(ShownRow(r, marks.get(r.name, Mark.NONE)) for r in members),
+            sum(1 for r in members if marks.get(r.name) is not Mark.GONE),
+        )
+        for parent, members in sorted(rows.items())
+    ]
 
 
-def test_render_lists_every_parent_with_its_members_and_columns() -> None:
+def test_render_lists_every_parent_under_one_column_header() -> None:
     snapshot = {"cell-0": [row("e-0"), row("e-1")], "cell-1": [row("e-2", cell="cell-1")]}
-    lines = render_pool(snapshot, snapshot, now=T0 + timedelta(seconds=7))
-    text = "\n".join(lines)
-    assert "cell-0  (2 members)" in text
-    assert "cell-1  (1 member)" in text
-    header = next(line for line in lines if "NAME" in line)
-    assert header.split() == ["NAME", "PHASE", "READY", "RESTARTS", "IP", "NODE", "AGE"]
-    assert any(
-        line.split() == ["e-0", "Running", "1/1", "0", "10.0.0.1", "fake-node", "7s"]
-        for line in lines
-    )
+    lines = render_screen(blocks_of(snapshot), now=T0 + timedelta(seconds=7), screen=Screen())
+    assert "cell-0  (2 members)" in lines
+    assert "cell-1  (1 member)" in lines
+    assert lines[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    assert "  e-0    1/1     Running   0          7s" in lines
     assert not any(line.startswith(("*", "-")) for line in lines)
 
 
-def test_render_marks_changed_and_added_rows_and_shows_removed_once() -> None:
-    before = {"cell-0": [row("e-0"), row("e-1"), row("e-2")]}
-    after = {"cell-0": [row("e-0"), row("e-1", restarts=1), row("e-3")]}
-    lines = render_pool(after, before, now=T0)
+def test_render_wide_adds_ip_and_node() -> None:
+    lines = render_screen(blocks_of({"cell-0": [row("e-0")]}), now=T0, screen=Screen(), wide=True)
+    assert lines[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"]
+    assert lines[2].split() == ["e-0", "1/1", "Running", "0", "0s", "10.0.0.1", "fake-node"]
+
+
+def test_render_marks_changed_and_gone_rows() -> None:
+    rows = {"cell-0": [row("e-0"), row("e-1"), row("e-2")]}
+    lines = render_screen(
+        blocks_of(rows, {"e-1": Mark.CHANGED, "e-2": Mark.GONE}), now=T0, screen=Screen()
+    )
     marks = {line[2:].split()[0]: line[0] for line in lines if line[2:].startswith("e-")}
-    assert marks == {"e-0": " ", "e-1": "*", "e-3": "*", "e-2": "-"}
+    assert marks == {"e-0": " ", "e-1": "*", "e-2": "-"}
 
 
 def test_render_styles_only_on_request() -> None:
-    before = {"cell-0": [row("e-0")]}
-    after = {"cell-0": [row("e-0", restarts=1)]}
-    assert not any("\x1b[" in line for line in render_pool(after, before, now=T0))
-    assert any(
-        line.startswith("\x1b[1m* e-0") for line in render_pool(after, before, now=T0, styled=True)
-    )
+    blocks = blocks_of({"cell-0": [row("e-0")]}, {"e-0": Mark.CHANGED})
+    assert not any("\x1b[" in line for line in render_screen(blocks, now=T0, screen=Screen()))
+    styled = render_screen(blocks, now=T0, screen=Screen(styled=True))
+    assert any(line.startswith("\x1b[1m* e-0") for line in styled)
 
 
 def test_render_shows_a_parent_that_lost_every_member_as_gone() -> None:
-    lines = render_pool({}, {"cell-9": [row("e-0", cell="cell-9")]}, now=T0)
-    assert "cell-9  (gone)" in lines
-    assert render_pool({}, {}, now=T0)[-1] == "(no pods)"
+    blocks = blocks_of({"cell-9": [row("e-0", cell="cell-9")]}, {"e-0": Mark.GONE})
+    assert "cell-9  (gone)" in render_screen(blocks, now=T0, screen=Screen())
+    assert render_screen([], now=T0, screen=Screen())[-1] == "(no pods)"
 
 
 def test_reconcile_record_is_json_with_names_and_resource_versions() -> None:
@@ -145,9 +164,11 @@ def test_reconcile_record_is_json_with_names_and_resource_versions() -> None:
     assert decoded["members"] == [
         {
             "name": "e-0",
-            "phase": "Running",
             "ready": "1/1",
+            "status": "Running",
             "restarts": 0,
+            "lastRestart": None,
+            "created": T0.isoformat(),
             "ip": None,
             "node": "fake-node",
             "resourceVersion": "17",
@@ -168,6 +189,14 @@ def test_live_view_jsonl_prints_one_object_per_reconcile() -> None:
     ]
 
 
+def test_live_view_json_prints_indented_objects() -> None:
+    out = io.StringIO()
+    view = LiveView(stream=out, output="json", tty=False, title="t", now=Clock())
+    view.show_parent("cell-0", [make_pod("e-0")])
+    assert out.getvalue().startswith('{\n  "time"')
+    assert json.loads(out.getvalue())["members"][0]["name"] == "e-0"
+
+
 def test_live_view_on_a_terminal_redraws_in_place() -> None:
     out = io.StringIO()
     view = LiveView(stream=out, output="table", tty=True, title="t", now=Clock())
@@ -179,43 +208,58 @@ def test_live_view_on_a_terminal_redraws_in_place() -> None:
     assert "e-1" in frames[1]
 
 
-def test_live_view_off_a_terminal_appends_plain_snapshots_marking_the_reconciled_parent() -> None:
+def test_live_view_off_a_terminal_prints_the_sync_once_then_only_what_changed() -> None:
     out = io.StringIO()
     view = LiveView(stream=out, output="table", tty=False, title="t", now=Clock())
     view.show_parent("cell-0", [make_pod("e-0")])
-    view.start_marking({"cell-0": [make_pod("e-0")]})
+    assert out.getvalue() == ""
+    view.start_marking({"cell-0": [make_pod("e-0"), make_pod("e-1")]})
+    synced = out.getvalue()
     view.show_parent("cell-0", [make_pod("e-0", restarts=1)])
-    text = out.getvalue()
-    assert "\x1b" not in text
-    first, second = text.split("t\n")[1:]
-    assert "* e-0" not in first
-    assert "* e-0" in second
+    view.show_parent("cell-0", [make_pod("e-0", restarts=1)])
+    changes = out.getvalue()[len(synced) :].splitlines()
+    assert "\x1b" not in out.getvalue()
+    assert "cell-0  (2 members)" in synced
+    assert [line.split()[:3] for line in changes] == [
+        ["*", "cell-0", "e-0"],
+        ["-", "cell-0", "e-1"],
+    ]
+    assert changes[0].split()[3:] == ["1/1", "Running", "1", "0s"]
 
 
 def test_live_view_does_not_mark_the_initial_sync() -> None:
     """The synced store is the baseline: the initial reconciles that follow draw unmarked."""
     out = io.StringIO()
-    view = LiveView(stream=out, output="table", tty=False, title="t", now=Clock())
+    view = LiveView(stream=out, output="table", tty=True, title="t", now=Clock())
     view.start_marking({"cell-0": [make_pod("e-0")], "cell-1": [make_pod("e-1", cell="cell-1")]})
     view.show_parent("cell-0", [make_pod("e-0")])
     view.show_parent("cell-1", [make_pod("e-1", cell="cell-1")])
     view.show_parent("cell-2", [make_pod("e-2", cell="cell-2")])
-    assert "* e-0" not in out.getvalue()
-    assert "* e-1" not in out.getvalue()
-    assert "* e-2" in out.getvalue()
+    last = out.getvalue().split(HOME)[-1]
+    assert "* e-0" not in last
+    assert "* e-1" not in last
+    assert "* e-2" in last
 
 
-def test_live_view_marks_fade_on_a_terminal_after_the_mark_window() -> None:
+def test_a_mark_stays_for_its_seconds_whatever_reconciles_follow() -> None:
+    """A changed row and a pod that left stay marked for MARK_SECONDS after the reconcile that
+    saw them, through later reconciles of the same parent, and no longer."""
     out = io.StringIO()
     clock = Clock()
     view = LiveView(stream=out, output="table", tty=True, title="t", now=clock)
-    view.show_parent("cell-0", [make_pod("e-0")])
-    view.start_marking({"cell-0": [make_pod("e-0")]})
+    view.start_marking({"cell-0": [make_pod("e-0"), make_pod("e-1")]})
     view.show_parent("cell-0", [make_pod("e-0", restarts=1)])
-    assert "* e-0" in out.getvalue().split(HOME)[-1]
-    clock.now += timedelta(seconds=10)
+    for _ in range(3):
+        clock.now += timedelta(seconds=1)
+        view.show_parent("cell-0", [make_pod("e-0", restarts=1)])
+    last = out.getvalue().split(HOME)[-1]
+    assert "* e-0" in last
+    assert "- e-1" in last
+    clock.now = T0 + timedelta(seconds=MARK_SECONDS)
     view.draw()
-    assert "* e-0" not in out.getvalue().split(HOME)[-1]
+    last = out.getvalue().split(HOME)[-1]
+    assert "* e-0" not in last
+    assert "e-1" not in last
 
 
 def test_parent_label_map_names_the_cell_or_nothing() -> None:
@@ -228,17 +272,6 @@ def test_empty_selection_note_says_what_matched_nothing() -> None:
     options = WatchOptions(namespace="ns", selector="app=x", parent_label="cell")
     assert "no pods in namespace 'ns' match selector 'app=x'" in empty_selection_note(options, 0)
     assert "none carries label 'cell'" in empty_selection_note(options, 3)
-
-
-def test_kubeconfig_resolution_order(tmp_path: Any) -> None:
-    explicit = tmp_path / "a.yaml"
-    explicit.write_text("{}")
-    assert kubeconfig_path(str(explicit), {"KUBECONFIG": "/nope"}) == str(explicit)
-    assert kubeconfig_path(None, {"KUBECONFIG": str(explicit)}) == str(explicit)
-    with pytest.raises(CliError, match="no kubeconfig at /nope"):
-        kubeconfig_path(None, {"KUBECONFIG": "/nope"})
-    with pytest.raises(CliError, match="--kubeconfig"):
-        kubeconfig_path(str(tmp_path / "missing"), {})
 
 
 def test_failures_become_one_line() -> None:
@@ -274,7 +307,8 @@ def test_main_without_kubeconfig_prints_one_line_and_exits_2(
     err = capsys.readouterr().err
     assert code == 2
     assert err.splitlines() == [
-        f"miles-reconcile: error: no kubeconfig at {tmp_path / 'absent'} (from $KUBECONFIG)"
+        f"miles-reconcile: error: kubeconfig {tmp_path / 'absent'} (from $KUBECONFIG): no such "
+        "file; point KUBECONFIG at an existing file or unset it"
     ]
 
 
@@ -345,13 +379,13 @@ async def test_watch_draws_the_pool_and_marks_a_pod_the_watch_changed() -> None:
     def marked(out: str, err: str) -> bool:
         if "cell-0" in out:
             drawn.set()
-        return "* e-0" in out
+        return "* cell-0" in out
 
     out, err = await _watch_until(api, marked, options=options)
-    first_draw, *_ = out.split("t\n")[1:]
+    first_draw, changes = out.split("* cell-0", 1)
     assert "cell-0  (2 members)" in first_draw
-    assert "* e-" not in first_draw
-    assert "* e-0" in out
+    assert "* " not in first_draw
+    assert changes.split()[:4] == ["e-0", "1/1", "Running", "1"]
     assert err == ""
 
 

@@ -1,0 +1,393 @@
+"""Re-records ``printer_pods.json``: pods in every state ``kubectl get pods`` names, as a real
+kube-apiserver returns them, each with the apiserver's own table row for it.
+
+``.venv/bin/python -m tests.fast.utils.workers.reconcile.wire.record_printer [KUBECONFIG]``: with a
+kubeconfig, records on that cluster; without, starts a local control plane (k8s_testenv's pins).
+Each case is a pod created on a node no kubelet runs and its status written through
+``pods/status``, as a kubelet writes it; the expected READY, STATUS and RESTARTS come from the
+apiserver's server-side printing (``Accept: application/json;as=Table``), which is what
+``kubectl get pods`` shows: the same ``printPod`` that ``cli/pod_columns.py`` ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from miles.utils.k8s_testenv.client import api_client
+
+HERE = Path(__file__).parent
+NAMESPACE = "printer"
+NODE = "printer-node"
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def _ago(minutes: float) -> str:
+    moment = datetime.now(UTC) - timedelta(minutes=minutes)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _running(name: str, *, ready: bool = True, restarts: int = 0) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": "miles/engine:test",
+        "imageID": "",
+        "ready": ready,
+        "started": True,
+        "restartCount": restarts,
+        "state": {"running": {"startedAt": _ago(1)}},
+    }
+
+
+def _waiting(name: str, reason: str, *, restarts: int = 0, last_exit: int = 1) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "name": name,
+        "image": "miles/engine:test",
+        "imageID": "",
+        "ready": False,
+        "restartCount": restarts,
+        "state": {"waiting": {"reason": reason}},
+    }
+    if restarts:
+        status["lastState"] = {
+            "terminated": {
+                "exitCode": last_exit,
+                "reason": "Error",
+                "startedAt": _ago(14),
+                "finishedAt": _ago(12.5),
+            }
+        }
+    return status
+
+
+def _terminated(
+    name: str, exit_code: int, reason: str | None = None, signal: int | None = None
+) -> dict[str, Any]:
+    terminated: dict[str, Any] = {
+        "exitCode": exit_code,
+        "startedAt": _ago(3),
+        "finishedAt": _ago(2),
+    }
+    if reason:
+        terminated["reason"] = reason
+    if signal:
+        terminated["signal"] = signal
+    return {
+        "name": name,
+        "image": "miles/engine:test",
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": terminated},
+    }
+
+
+def _condition(kind: str, status: str, reason: str | None = None) -> dict[str, Any]:
+    condition = {"type": kind, "status": status, "lastTransitionTime": _ago(1)}
+    if reason:
+        condition["reason"] = reason
+    return condition
+
+
+READY = [_condition("Initialized", "True"), _condition("Ready", "True")]
+NOT_INITIALIZED = [_condition("Initialized", "False", "ContainersNotInitialized")]
+
+CASES: list[dict[str, Any]] = [
+    {"case": "pending-unscheduled", "node": None, "status": {}},
+    {"case": "pending-no-status", "status": {"phase": "Pending"}},
+    {
+        "case": "container-creating",
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [_waiting("engine", "ContainerCreating")],
+        },
+    },
+    {
+        "case": "running",
+        "status": {
+            "phase": "Running",
+            "podIP": "10.9.0.1",
+            "podIPs": [{"ip": "10.9.0.1"}],
+            "conditions": READY,
+            "containerStatuses": [_running("engine")],
+        },
+    },
+    {
+        "case": "running-not-ready",
+        "status": {
+            "phase": "Running",
+            "podIP": "10.9.0.2",
+            "containerStatuses": [_running("engine", ready=False)],
+        },
+    },
+    {
+        "case": "crash-loop",
+        "status": {
+            "phase": "Running",
+            "podIP": "10.9.0.3",
+            "containerStatuses": [_waiting("engine", "CrashLoopBackOff", restarts=3)],
+        },
+    },
+    {
+        "case": "error",
+        "status": {"phase": "Failed", "containerStatuses": [_terminated("engine", 1, "Error")]},
+    },
+    {
+        "case": "completed",
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [_terminated("engine", 0, "Completed")],
+        },
+    },
+    {
+        "case": "oom-killed",
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [_terminated("engine", 137, "OOMKilled")],
+        },
+    },
+    {
+        "case": "signal-no-reason",
+        "status": {"phase": "Failed", "containerStatuses": [_terminated("engine", 0, signal=9)]},
+    },
+    {
+        "case": "exit-code-no-reason",
+        "status": {"phase": "Failed", "containerStatuses": [_terminated("engine", 3)]},
+    },
+    {
+        "case": "evicted",
+        "status": {"phase": "Failed", "reason": "Evicted", "message": "low on memory"},
+    },
+    {
+        "case": "not-ready-one-completed",
+        "containers": ["engine", "helper"],
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [_running("engine"), _terminated("helper", 0, "Completed")],
+        },
+    },
+    {
+        "case": "running-one-completed-ready",
+        "containers": ["engine", "helper"],
+        "status": {
+            "phase": "Running",
+            "conditions": READY,
+            "containerStatuses": [_running("engine"), _terminated("helper", 0, "Completed")],
+        },
+    },
+    {
+        "case": "error-one-failed",
+        "containers": ["engine", "helper"],
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [_running("engine"), _terminated("helper", 2, "Completed")],
+        },
+    },
+    {
+        "case": "init-1-of-2",
+        "init": ["fetch", "warm"],
+        "status": {
+            "phase": "Pending",
+            "conditions": NOT_INITIALIZED,
+            "initContainerStatuses": [
+                _terminated("fetch", 0, "Completed"),
+                _running("warm", ready=False),
+            ],
+            "containerStatuses": [_waiting("engine", "PodInitializing")],
+        },
+    },
+    {
+        "case": "init-0-of-2-waiting",
+        "init": ["fetch", "warm"],
+        "status": {
+            "phase": "Pending",
+            "conditions": NOT_INITIALIZED,
+            "initContainerStatuses": [
+                _waiting("fetch", "PodInitializing"),
+                _waiting("warm", "PodInitializing"),
+            ],
+        },
+    },
+    {
+        "case": "init-crash-loop",
+        "init": ["fetch"],
+        "status": {
+            "phase": "Pending",
+            "conditions": NOT_INITIALIZED,
+            "initContainerStatuses": [_waiting("fetch", "CrashLoopBackOff", restarts=4)],
+        },
+    },
+    {
+        "case": "init-exit-code",
+        "init": ["fetch"],
+        "status": {
+            "phase": "Pending",
+            "conditions": NOT_INITIALIZED,
+            "initContainerStatuses": [_terminated("fetch", 2)],
+        },
+    },
+    {
+        "case": "init-error-reason",
+        "init": ["fetch"],
+        "status": {
+            "phase": "Failed",
+            "conditions": NOT_INITIALIZED,
+            "initContainerStatuses": [_terminated("fetch", 1, "Error")],
+        },
+    },
+    {
+        "case": "sidecar-running",
+        "sidecars": ["proxy"],
+        "status": {
+            "phase": "Running",
+            "conditions": READY,
+            "initContainerStatuses": [_running("proxy", restarts=1)],
+            "containerStatuses": [_running("engine")],
+        },
+    },
+    {
+        "case": "scheduling-gated",
+        "node": None,
+        "gates": ["miles.test/wait"],
+        "status": {
+            "phase": "Pending",
+            "conditions": [_condition("PodScheduled", "False", "SchedulingGated")],
+        },
+    },
+    {
+        "case": "terminating",
+        "delete": True,
+        "status": {
+            "phase": "Running",
+            "conditions": READY,
+            "containerStatuses": [_running("engine")],
+        },
+    },
+    {
+        "case": "terminating-completed",
+        "delete": True,
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [_terminated("engine", 0, "Completed")],
+        },
+    },
+    {
+        "case": "node-lost-terminating",
+        "delete": True,
+        "status": {"phase": "Running", "reason": "NodeLost"},
+    },
+    {
+        "case": "restarted-running",
+        "status": {
+            "phase": "Running",
+            "conditions": READY,
+            "containerStatuses": [
+                {
+                    **_running("engine", restarts=2),
+                    "lastState": _waiting("x", "y", restarts=1)["lastState"],
+                }
+            ],
+        },
+    },
+]
+
+
+def _manifest(case: dict[str, Any]) -> dict[str, Any]:
+    containers = case.get("containers", ["engine"])
+    spec: dict[str, Any] = {
+        "containers": [{"name": c, "image": "miles/engine:test"} for c in containers],
+        "terminationGracePeriodSeconds": 3600,
+    }
+    if case.get("node", NODE):
+        spec["nodeName"] = NODE
+    init = [{"name": c, "image": "miles/init:test"} for c in case.get("init", [])]
+    init += [
+        {"name": c, "image": "miles/proxy:test", "restartPolicy": "Always"}
+        for c in case.get("sidecars", [])
+    ]
+    if init:
+        spec["initContainers"] = init
+    if case.get("gates"):
+        spec["schedulingGates"] = [{"name": g} for g in case["gates"]]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": case["case"],
+            "labels": {"miles.test/printer": "yes", "cell": "cell-0"},
+            "finalizers": ["miles.test/keep"],
+        },
+        "spec": spec,
+    }
+
+
+async def _get(api: Any, path: str, accept: str = "application/json") -> Any:
+    response = await api.call_api(
+        path,
+        "GET",
+        header_params={"Accept": accept},
+        _preload_content=False,
+        auth_settings=["BearerToken"],
+    )
+    response = response[0] if isinstance(response, tuple) else response
+    try:
+        return json.loads(await response.read())
+    finally:
+        response.release()
+
+
+async def record(kubeconfig: Path) -> None:
+    from kubernetes_asyncio import client
+
+    async with api_client(kubeconfig) as api:
+        core: Any = client.CoreV1Api(api)
+        await core.create_namespace({"metadata": {"name": NAMESPACE}})
+        for case in CASES:
+            await core.create_namespaced_pod(NAMESPACE, _manifest(case))
+            if case["status"]:
+                await core.patch_namespaced_pod_status(
+                    case["case"], NAMESPACE, {"status": case["status"]}
+                )
+            if case.get("delete"):
+                await core.delete_namespaced_pod(case["case"], NAMESPACE)
+        base = f"/api/v1/namespaces/{NAMESPACE}/pods"
+        pods = await _get(api, base)
+        table = await _get(api, base, TABLE)
+        recorded_at = datetime.now(UTC).isoformat()
+        columns = [c["name"] for c in table["columnDefinitions"]]
+        rows = {
+            row["cells"][0]: dict(zip(columns, row["cells"], strict=True)) for row in table["rows"]
+        }
+        fixture = [
+            {"case": pod["metadata"]["name"], "pod": pod, "kubectl": rows[pod["metadata"]["name"]]}
+            for pod in pods["items"]
+        ]
+        for pod in pods["items"]:
+            await core.patch_namespaced_pod(
+                pod["metadata"]["name"], NAMESPACE, {"metadata": {"finalizers": None}}
+            )
+        await core.delete_namespace(NAMESPACE)
+    document = {"recordedAt": recorded_at, "server": "kube-apiserver", "pods": fixture}
+    (HERE / "printer_pods.json").write_text(json.dumps(document, indent=1) + "\n")
+
+
+def main() -> None:
+    if len(sys.argv) > 1:
+        asyncio.run(record(Path(sys.argv[1])))
+    else:
+        from miles.utils.k8s_testenv.control_plane import LocalControlPlane
+
+        with LocalControlPlane(keep=False) as plane:
+            asyncio.run(record(plane.cached_kubeconfig))
+    document = json.loads((HERE / "printer_pods.json").read_text())
+    for entry in document["pods"]:
+        cells = entry["kubectl"]
+        print(f"{entry['case']:28} {cells['Ready']:5} {cells['Status']:24} {cells['Restarts']}")
+
+
+if __name__ == "__main__":
+    main()
