@@ -208,9 +208,10 @@ def test_a_usage_mistake_is_one_line_and_exit_2(
 
 def test_every_declared_command_is_listed_and_the_built_in_ones_first() -> None:
     names = [command.name for command in cli.commands_for(["--help"])]
-    assert names == ["watch", "demo", "env"]
-    assert [command.name for command in cli.commands_for(["watch", "-l", "a"])] == ["watch"]
-    assert [command.name for command in cli.commands_for(["env", "up"])] == ["watch", "env"]
+    assert names == ["watch", "status", "demo", "env"]
+    built_in = ["watch", "status"]
+    assert [command.name for command in cli.commands_for(["watch", "-l", "a"])] == built_in
+    assert [command.name for command in cli.commands_for(["env", "up"])] == [*built_in, "env"]
 
 
 def test_version_comes_from_the_installed_metadata(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,6 @@
-"""The ``miles-reconcile`` command line: its own ``watch`` and ``status``, plus the subcommands other packages
-declare in the entry-point group ``miles_reconcile.commands`` (the test environment's ``env`` and
-``demo``). Go: kubectl's root command and plugin handler.
+"""The ``miles-reconcile`` command line: its own ``watch`` and ``status``, plus the subcommands
+other packages declare in the entry-point group ``miles_reconcile.commands`` (the test
+environment's ``env`` and ``demo``). Go: kubectl's root command and plugin handler.
 
 Every failure a person can act on leaves as one ``miles-reconcile: error: ...`` line and exit code
 2; only a bug keeps its traceback.

@@ -130,7 +130,8 @@ def render_screen(
     body: list[list[str]] = [_block_lines(b, layout, now, wide, screen.styled) for b in blocks]
     if not blocks:
         body = [["(no pods)"]]
-    lines = top + _fit_height(body, blocks, screen.height, len(top) + len(footer)) + list(footer)
+    fitted = _fit_height(body, blocks, screen, len(top) + len(footer))
+    lines = top + fitted + list(footer)
     if screen.height is not None:
         lines = lines[: screen.height]
     return [clip(line, screen.width) for line in lines]
@@ -150,8 +151,9 @@ def _block_lines(
 
 
 def _fit_height(
-    body: list[list[str]], blocks: Sequence[ParentBlock], height: int | None, fixed: int
+    body: list[list[str]], blocks: Sequence[ParentBlock], screen: Screen, fixed: int
 ) -> list[str]:
+    height = screen.height
     if height is None or sum(len(b) for b in body) + fixed <= height:
         return [line for block in body for line in block]
     room = max(0, height - fixed - 1)
@@ -166,12 +168,14 @@ def _fit_height(
         shown.extend(block)
     hidden = blocks[hidden_from:]
     pods = sum(b.members for b in hidden)
-    return [*shown, hidden_line(len(hidden), pods)]
+    return [*shown, hidden_line(len(hidden), pods, screen.width)]
 
 
-def hidden_line(parents: int, pods: int) -> str:
+def hidden_line(parents: int, pods: int, width: int | None = None) -> str:
     noun = "parent" if parents == 1 else "parents"
-    return f"... {parents} more {noun} ({pods} pods) hidden: enlarge the terminal or narrow -l"
+    line = f"... {parents} more {noun} ({pods} pods) hidden"
+    hinted = f"{line}: enlarge the terminal or narrow -l"
+    return hinted if width is None or len(hinted) <= width else line
 
 
 @dataclass(frozen=True, slots=True)

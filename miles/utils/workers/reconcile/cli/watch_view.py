@@ -150,6 +150,7 @@ class LiveView:
         self._last_at = now()
         self.connection = ConnectionTracker()
         self.caption: list[str] = []
+        self._printed_caption: list[str] = []
         self.output_closed = False
         """The reader went away (``| head``); ``on_output_closed`` was called once."""
         self.notes: deque[str] = deque(maxlen=NOTES_KEPT)
@@ -217,8 +218,12 @@ class LiveView:
         return changed
 
     def draw(self) -> None:
-        """Redraw the screen in place (a live terminal only; elsewhere nothing is redrawn)."""
-        if not self.live or self.output_closed:
+        """Redraw the screen in place on a live terminal; elsewhere only print caption lines that
+        were not printed yet (nothing else is redrawn)."""
+        if self.output_closed:
+            return
+        if not self.live:
+            self._print_new_caption()
             return
         now = self._now()
         size = self._terminal.size()
@@ -256,6 +261,13 @@ class LiveView:
         mark = self._marks.get((parent, name))
         return Mark.CHANGED if mark is not None and mark.mark is Mark.CHANGED else Mark.NONE
 
+    def _print_new_caption(self) -> None:
+        if self._output not in ("table", "wide"):
+            return
+        fresh = [line for line in self.caption if line not in self._printed_caption]
+        self._printed_caption = list(self.caption)
+        self._write("".join(f"{line}\n" for line in fresh))
+
     def _print_snapshot(self) -> None:
         if self._printed_snapshot:
             return
@@ -277,7 +289,7 @@ class LiveView:
     def _header(self) -> list[str]:
         last = (
             f"last reconcile {self._last_parent} at "
-            f"{self._last_at.astimezone():%H:%M:%S} (#{self._reconciles})"
+            f"{self._last_at.astimezone():%H:%M:%S} local (#{self._reconciles})"
             if self._last_parent is not None
             else "waiting for the first reconcile"
         )
@@ -359,7 +371,8 @@ def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
 class SignalCancel:
     """SIGINT and SIGTERM cancel the task that installed this, at whatever it awaits (connecting,
     listing, watching), so ``finally`` blocks restore the terminal; :attr:`exit_code` is then
-    ``128 + signal`` (130, 143), as a shell reports a process killed by it."""
+    ``128 + signal`` (130, 143), as a shell reports a process killed by it. A second signal
+    cancels the teardown too."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -377,7 +390,7 @@ class SignalCancel:
         def on_signal(signum: int) -> None:
             if self.received is None:
                 self.received = signum
-                task.cancel()
+            task.cancel()
 
         signals = (signal.SIGINT, signal.SIGTERM)
         for signum in signals:

@@ -120,6 +120,11 @@ def test_a_pool_taller_than_the_screen_keeps_the_header_and_counts_what_is_hidde
     assert "cell-2  (3 members)" not in lines
 
 
+def test_the_hidden_line_drops_its_hint_on_a_narrow_screen() -> None:
+    lines = render_screen(pool(10, 3), now=T0, screen=Screen(width=40, height=12))
+    assert lines[-1] == "... 8 more parents (24 pods) hidden"
+
+
 def test_one_parent_taller_than_the_screen_shows_what_fits_of_it() -> None:
     lines = render_screen(pool(2, 30), now=T0, screen=Screen(width=80, height=10))
     assert len(lines) == 10
@@ -325,6 +330,7 @@ def test_every_bad_argument_is_one_line_and_exit_2(
     lines = capsys.readouterr().err.splitlines()
     assert code == 2
     assert len(lines) == 1, lines
-    assert lines[0].startswith("miles-reconcile: error: ")
+    assert lines[0].startswith("miles-reconcile")
+    assert ": error: " in lines[0]
     assert problem in lines[0]
     assert lines[0].endswith("--help)") or "--parent-label is empty" in lines[0]

@@ -446,3 +446,16 @@ def test_a_missing_kubernetes_extra_is_one_line() -> None:
         "kubernetes_asyncio is not installed: pip install 'miles-reconcile[k8s]'"
     )
     assert describe_failure(ModuleNotFoundError("x", name="numpy")) is None
+
+
+def test_off_a_terminal_draw_prints_only_caption_lines_not_printed_yet() -> None:
+    out = io.StringIO()
+    view = LiveView(stream=out, output="table", tty=False, title="t", now=Clock())
+    view.start_marking({})
+    before = out.getvalue()
+    view.caption = ["step 1/2: scale-up"]
+    view.draw()
+    view.draw()
+    view.caption = ["step 1/2: scale-up", "verdict: match"]
+    view.draw()
+    assert out.getvalue()[len(before) :].splitlines() == ["step 1/2: scale-up", "verdict: match"]

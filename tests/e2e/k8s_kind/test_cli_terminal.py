@@ -1,0 +1,345 @@
+"""k8s_kind layer: ``miles-reconcile watch`` in a real terminal (tmux) and a pty, its signals, a
+closed pipe, and what it says about a bad selector, a TLS failure and a kubeconfig's context,
+against the real local control plane.
+
+Pod status is written through ``pods/status`` on a node nothing manages (see ``test_cli.py``), so
+these run the same on KWOK, kind or a reused cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.k8s_kind.test_cli import (
+    APP_SELECTOR,
+    CELL_LABEL,
+    REPO_ROOT,
+    WAIT_SECONDS,
+    Screen,
+    cli_argv,
+    cli_env,
+    pool_in,
+    pty_cli,
+    running_cli,
+    watch_args,
+)
+
+pytestmark = pytest.mark.k8s_kind
+
+STOP_WITHIN = 1.0
+
+
+def kubeconfig_with(source: Path, path: Path, **changes: object) -> Path:
+    """A copy of ``source`` with context, cluster or user fields replaced."""
+    config = json.loads(source.read_text())
+    for key, value in changes.items():
+        section, field = key.split("__")
+        for entry in config[f"{section}s"]:
+            entry[section][field.replace("_", "-")] = value
+    path.write_text(json.dumps(config))
+    return path
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers: the LIST hangs."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield server.getsockname()[1]
+
+
+def silent_kubeconfig(path: Path, port: int) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+def stranger_certificate(folder: Path) -> str:
+    """A self-signed CA of our own (openssl), base64 as a kubeconfig carries it."""
+    cert, key = folder / "stranger.pem", folder / "stranger.key"
+    subprocess.run(
+        [
+            *(
+                "openssl",
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ),
+            *(
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=stranger",
+                "-keyout",
+                str(key),
+                "-out",
+                str(cert),
+            ),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+    return base64.b64encode(cert.read_bytes()).decode()
+
+
+async def wait_exit(process: subprocess.Popen[bytes]) -> tuple[int, float]:
+    started = time.monotonic()
+    code = await asyncio.to_thread(process.wait, WAIT_SECONDS)
+    return code, time.monotonic() - started
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+async def test_a_signal_while_the_first_list_hangs_stops_within_a_second(
+    signum: int, code: int, tmp_path: Path
+) -> None:
+    """Issue 13 item 6: Ctrl-C (or SIGTERM) while connecting and listing is honoured at once."""
+    with silent_server() as port:
+        kubeconfig = silent_kubeconfig(tmp_path / "silent.kubeconfig", port)
+        with pty_cli(watch_args(kubeconfig, "default")) as (process, _master):
+            await asyncio.sleep(1.5)
+            assert process.poll() is None, "watch ended before it was signalled"
+            os.killpg(process.pid, signum)
+            exit_code, took = await wait_exit(process)
+            assert process.stderr is not None
+            stderr = process.stderr.read().decode()
+    assert exit_code == code
+    assert took < STOP_WITHIN, f"took {took:.2f}s to stop"
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == "miles-reconcile: interrupted"
+
+
+async def test_sigterm_while_watching_exits_143_and_shows_the_cursor(
+    cached_kubeconfig: Path, k8s_namespace: str
+) -> None:
+    async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
+        await pool.create("a-0", "a", "10.9.3.1")
+        with pty_cli(watch_args(cached_kubeconfig, k8s_namespace)) as (process, master):
+            screen = Screen(master)
+            await screen.until(lambda s: "a  (1 member)" in s, "the pool")
+            os.killpg(process.pid, signal.SIGTERM)
+            exit_code, took = await wait_exit(process)
+            screen.read()
+    assert exit_code == 143
+    assert took < STOP_WITHIN, f"took {took:.2f}s to stop"
+    assert screen.raw.decode(errors="replace").rstrip().endswith("\x1b[?25h")
+
+
+async def test_a_closed_pipe_ends_quietly(cached_kubeconfig: Path, k8s_namespace: str) -> None:
+    """``watch -o jsonl | head -1``: the reader leaves, watch exits 0 with nothing on stderr."""
+    async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
+        for cell in ("a", "b", "c"):
+            await pool.create(f"{cell}-0", cell, "10.9.4.1")
+        argv = " ".join(watch_args(cached_kubeconfig, k8s_namespace, "-o", "jsonl"))
+        script = f'{argv} 2>{k8s_namespace}.err | head -1 >/dev/null; echo "${{PIPESTATUS[0]}}"'
+        process = await asyncio.create_subprocess_exec(
+            "bash",
+            "-c",
+            script,
+            stdout=subprocess.PIPE,
+            cwd=REPO_ROOT,
+            env=cli_env(),
+        )
+        communicate = asyncio.ensure_future(process.communicate())
+        for restarts in range(1, 200):
+            if communicate.done():
+                break
+            await pool.set_status("a-0", "10.9.4.1", restarts=restarts)
+            await asyncio.sleep(0.1)
+        async with asyncio.timeout(WAIT_SECONDS):
+            stdout, _ = await communicate
+    err_file = REPO_ROOT / f"{k8s_namespace}.err"
+    stderr = err_file.read_text()
+    err_file.unlink()
+    assert stdout.decode().strip() == "0"
+    assert stderr == ""
+
+
+async def test_a_bad_selector_is_named_as_the_selector(
+    cached_kubeconfig: Path, k8s_namespace: str
+) -> None:
+    argv = cli_argv(
+        "watch",
+        "--kubeconfig",
+        str(cached_kubeconfig),
+        "-n",
+        k8s_namespace,
+        "-l",
+        "app=a=b",
+        "--parent-label",
+        CELL_LABEL,
+    )
+    result = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, cwd=REPO_ROOT, env=cli_env(), timeout=30
+    )
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 2
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        "miles-reconcile: error: selector 'app=a=b' rejected by the apiserver: found '='"
+    )
+
+
+async def test_a_certificate_the_server_does_not_match_is_a_tls_failure(
+    cached_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """The CA is replaced by a certificate that did not sign the server's: one line that says
+    TLS verification failed and names the server, not "cannot reach"."""
+    config = json.loads(await asyncio.to_thread(cached_kubeconfig.read_text))
+    stranger = stranger_certificate(tmp_path)
+    wrong_ca = kubeconfig_with(
+        cached_kubeconfig, tmp_path / "wrong-ca", cluster__certificate_authority_data=stranger
+    )
+    server = config["clusters"][0]["cluster"]["server"].removeprefix("https://")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        watch_args(wrong_ca, "default"),
+        capture_output=True,
+        cwd=REPO_ROOT,
+        env=cli_env(),
+        timeout=30,
+    )
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode == 2
+    assert len(lines) == 1
+    assert lines[0].startswith(
+        f"miles-reconcile: error: TLS verification of the apiserver at {server}"
+    )
+    assert "failed: unable to get local issuer certificate" in lines[0]
+
+
+async def test_the_contexts_namespace_is_used_unless_n_is_given(
+    cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
+) -> None:
+    async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
+        await pool.create("ctx-0", "ctx", "10.9.5.1")
+    scoped = kubeconfig_with(
+        cached_kubeconfig, tmp_path / "scoped", context__namespace=k8s_namespace
+    )
+    base = cli_argv(
+        "watch", "--kubeconfig", str(scoped), "-l", APP_SELECTOR, "--parent-label", CELL_LABEL
+    )
+    async with running_cli([*base, "-o", "jsonl"]) as cli:
+        await cli.until(lambda: b'"ctx-0"' in cli.stdout, "the context namespace's pod")
+        assert await cli.interrupt() == 130
+    async with running_cli([*base, "-o", "jsonl", "-n", "default"]) as cli:
+        await cli.until(lambda: b"watching for them" in cli.stderr, "the empty selection")
+        assert await cli.interrupt() == 130
+    assert b"ctx-0" not in cli.stdout
+    assert "namespace 'default'" in cli.stderr.decode()
+
+
+class Tmux:
+    """A tmux server of this test's own (its own socket), sized like a person's terminal."""
+
+    def __init__(self, socket_name: str) -> None:
+        self.socket_name = socket_name
+
+    def run(self, *args: str) -> str:
+        result = subprocess.run(
+            ["tmux", "-L", self.socket_name, *args],
+            capture_output=True,
+            check=True,
+            timeout=10,
+        )
+        return result.stdout.decode()
+
+    def screen(self) -> list[str]:
+        return self.run("capture-pane", "-p", "-t", "watch").rstrip("\n").split("\n")
+
+    async def until(self, condition: object, what: str) -> list[str]:
+        assert callable(condition)
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            lines = self.screen()
+            if condition(lines):
+                return lines
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} in the tmux pane:\n" + "\n".join(lines))
+            await asyncio.sleep(0.1)
+
+
+@contextlib.contextmanager
+def tmux_session(command: str, *, width: int, height: int) -> Iterator[Tmux]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    tmux = Tmux(f"miles-test-{uuid.uuid4().hex[:8]}")
+    tmux.run("new-session", "-d", "-s", "watch", "-x", str(width), "-y", str(height), command)
+    try:
+        yield tmux
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            tmux.run("kill-server")
+
+
+async def test_watch_in_tmux_fits_80x24_then_40_columns_and_ctrl_c_exits_130(
+    cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """Issue 13 items 4 and 6 in a real terminal: at 80x24 a pool taller than the screen keeps its
+    header and says how many parents are hidden; resized to 40 columns (SIGWINCH) no line wraps;
+    Ctrl-C typed into the terminal exits 130 and leaves a shell-usable terminal."""
+    async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
+        for cell in range(8):
+            for member in range(3):
+                await pool.create(f"engine-{cell}-{member}", f"cell-{cell}", f"10.9.6.{member}")
+    exit_file = tmp_path / "exit"
+    argv = " ".join(watch_args(cached_kubeconfig, k8s_namespace))
+    env = " ".join(f"{k}={v}" for k, v in cli_env().items() if k in ("PYTHONPATH", "PATH"))
+    command = f"cd {REPO_ROOT} && env {env} {argv}; echo $? > {exit_file}; sleep 60"
+    with tmux_session(command, width=80, height=24) as tmux:
+        wide = await tmux.until(
+            lambda lines: any("more parents" in line for line in lines), "the hidden-parents line"
+        )
+        tmux.run("resize-window", "-t", "watch", "-x", "40", "-y", "24")
+        narrow = await tmux.until(
+            lambda lines: (
+                lines
+                and lines[0].startswith("miles-reconcile watch")
+                and all(len(line) <= 40 for line in lines)
+                and any(line.split()[:1] == ["NAME"] for line in lines)
+            ),
+            "a 40-column frame",
+        )
+        tmux.run("send-keys", "-t", "watch", "C-c")
+        await tmux.until(lambda _: exit_file.exists(), "the exit status")
+        after = tmux.screen()
+    print("80x24:", *wide, sep="\n")
+    print("40x24:", *narrow, sep="\n")
+    assert len(wide) == 24
+    assert max(len(line) for line in wide) <= 80
+    assert wide[0].startswith("miles-reconcile watch")
+    assert wide[2].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
+    hidden = next(line for line in wide if "more parents" in line)
+    shown = sum(1 for line in wide if line.startswith("cell-"))
+    assert hidden.startswith(f"... {8 - shown} more parents ({3 * (8 - shown)} pods) hidden")
+    assert exit_file.read_text().strip() == "130"
+    assert not any("Traceback" in line for line in after)
