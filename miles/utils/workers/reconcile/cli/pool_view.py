@@ -159,21 +159,30 @@ def _fit_height(
     room = max(0, height - fixed - 1)
     shown: list[str] = []
     hidden_from = len(body)
+    cut_rows = 0
     for index, block in enumerate(body):
         if len(shown) + len(block) > room:
             if not shown:
                 shown, index = block[:room], index + 1
+                cut_rows = len(block) - max(1, room)
             hidden_from = index
             break
         shown.extend(block)
     hidden = blocks[hidden_from:]
-    pods = sum(b.members for b in hidden)
-    return [*shown, hidden_line(len(hidden), pods, screen.width)]
+    pods = sum(b.members for b in hidden) + cut_rows
+    return [*shown, hidden_line(len(hidden), pods, screen.width, partial=cut_rows > 0)]
 
 
-def hidden_line(parents: int, pods: int, width: int | None = None) -> str:
-    noun = "parent" if parents == 1 else "parents"
-    line = f"... {parents} more {noun} ({pods} pods) hidden"
+def hidden_line(parents: int, pods: int, width: int | None = None, *, partial: bool = False) -> str:
+    """``... 8 more parents (24 pods) hidden``; when the first parent itself is cut,
+    ``... 26 more pods hidden (8 more parents)``."""
+    more_parents = f"{parents} more {'parent' if parents == 1 else 'parents'}"
+    more_pods = f"{pods} {'pod' if pods == 1 else 'pods'}"
+    line = (
+        f"... {pods} more {'pod' if pods == 1 else 'pods'} hidden ({more_parents})"
+        if partial
+        else f"... {more_parents} ({more_pods}) hidden"
+    )
     hinted = f"{line}: enlarge the terminal or narrow -l"
     return hinted if width is None or len(hinted) <= width else line
 

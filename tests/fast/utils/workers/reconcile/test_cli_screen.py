@@ -129,7 +129,10 @@ def test_one_parent_taller_than_the_screen_shows_what_fits_of_it() -> None:
     lines = render_screen(pool(2, 30), now=T0, screen=Screen(width=80, height=10))
     assert len(lines) == 10
     assert lines[1] == "cell-0  (30 members)"
-    assert lines[-1].startswith("... 1 more parent (30 pods) hidden")
+    assert len([line for line in lines if "engine-0-" in line]) == 7
+    assert lines[-1].startswith("... 53 more pods hidden (1 more parent)")
+    one = render_screen(pool(2, 1), now=T0, screen=Screen(width=80, height=4))
+    assert one[-1].startswith("... 1 more parent (1 pod) hidden")
 
 
 def test_clip_keeps_styles_out_of_the_count() -> None:
