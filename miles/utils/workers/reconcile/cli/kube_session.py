@@ -23,7 +23,8 @@ from miles.utils.workers.reconcile.cli.kubeconfig import (
 )
 
 DEFAULT_NAMESPACE = "default"
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where a pod's service account is mounted: ``token``, ``ca.crt`` and ``namespace``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +47,14 @@ class KubeSession:
 
 
 async def _configure(
-    target: KubeTarget, environ: Mapping[str, str], temp_dir: str
+    target: KubeTarget,
+    environ: Mapping[str, str],
+    temp_dir: str,
+    service_account: Path = SERVICE_ACCOUNT,
 ) -> tuple[Any, str, str, str | None]:
     from kubernetes_asyncio import client, config
     from kubernetes_asyncio.config.config_exception import ConfigException
+    from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
     configuration = client.Configuration()
     source = find_kubeconfig(target.kubeconfig, environ)
@@ -61,11 +66,19 @@ async def _configure(
             )
         if target.context:
             raise CliError(f"--context {target.context}: no kubeconfig to find it in")
+        loader = InClusterConfigLoader(
+            token_filename=str(service_account / "token"),
+            cert_filename=str(service_account / "ca.crt"),
+            environ=dict(environ),
+        )
         try:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            loader.load_and_set(configuration)
         except ConfigException as err:
-            raise CliError(f"in-cluster configuration: {err}") from None
-        namespace = target.namespace or _service_account_namespace()
+            raise CliError(
+                f"in-cluster configuration ({service_account}): {str(err).rstrip('.')}; "
+                "pass --kubeconfig when not running in a pod"
+            ) from None
+        namespace = target.namespace or _service_account_namespace(service_account)
         return configuration, namespace, str(configuration.host), None
     resolved = resolve_context(source, target.context)
     check_certificates(resolved)
@@ -81,9 +94,9 @@ async def _configure(
     return configuration, namespace, resolved.server, resolved.context
 
 
-def _service_account_namespace() -> str:
+def _service_account_namespace(service_account: Path) -> str:
     try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or DEFAULT_NAMESPACE
+        return (service_account / "namespace").read_text().strip() or DEFAULT_NAMESPACE
     except OSError:
         return DEFAULT_NAMESPACE
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from miles.utils.workers.reconcile import cli
+from miles.utils.workers.reconcile.cli.failures import CliError
 from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, _configure
 from miles.utils.workers.reconcile.cli.kubeconfig import (
     KubeconfigError,
@@ -199,7 +200,11 @@ def test_every_bad_kubeconfig_is_one_line_naming_the_file_and_exit_2(
         ([], {"KUBECONFIG": "/no/a:/no/b"}, "kubeconfig /no/a:/no/b (from $KUBECONFIG): no such"),
         (["--kubeconfig", "/"], {}, "kubeconfig /: is a directory"),
         (["--context", "x"], {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "--context x: no kubeconfig"),
-        ([], {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "in-cluster configuration:"),
+        (
+            [],
+            {"KUBERNETES_SERVICE_HOST": "10.0.0.1"},
+            "serviceaccount): Service host/port is not set; pass --kubeconfig",
+        ),
         ([], {}, "no kubeconfig: pass --kubeconfig, set KUBECONFIG"),
     ],
 )
@@ -225,3 +230,30 @@ def test_missing_kubeconfigs_are_one_line_and_exit_2(
 
 def test_kubeconfig_error_is_a_cli_error_with_the_line() -> None:
     assert str(KubeconfigError("kubeconfig /x: bad")) == "kubeconfig /x: bad"
+
+
+async def test_without_a_kubeconfig_inside_a_pod_the_service_account_is_used(
+    tmp_path: Path,
+) -> None:
+    """``rest.InClusterConfig``: the service host and port, the mounted token and CA, and the
+    service account's namespace unless ``-n`` is given."""
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("sa-token")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (account / "namespace").write_text("team-ns\n")
+    environ = {
+        "HOME": str(tmp_path),
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "443",
+    }
+    configuration, namespace, server, context = await _configure(
+        KubeTarget(), environ, str(tmp_path), account
+    )
+    assert (namespace, server, context) == ("team-ns", "https://10.0.0.1:443", None)
+    assert configuration.api_key["BearerToken"] == "Bearer sa-token"
+    assert configuration.ssl_ca_cert == str(account / "ca.crt")
+    flagged = await _configure(KubeTarget(namespace="mine"), environ, str(tmp_path), account)
+    assert flagged[1] == "mine"
+    with pytest.raises(CliError, match="Service token file does not exist"):
+        await _configure(KubeTarget(), environ, str(tmp_path), tmp_path / "none")
