@@ -343,3 +343,46 @@ async def test_watch_in_tmux_fits_80x24_then_40_columns_and_ctrl_c_exits_130(
     assert hidden.startswith(f"... {8 - shown} more parents ({3 * (8 - shown)} pods) hidden")
     assert exit_file.read_text().strip() == "130"
     assert not any("Traceback" in line for line in after)
+
+
+async def test_the_status_line_follows_the_connection_and_warnings_clear(
+    cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """Issue 13 item 4 and 15 item 4: through the HTTP fault proxy, the status line reads
+    ``connected``, then ``reconnecting since HH:MM:SS local`` while every LIST and WATCH is refused,
+    then ``connected`` again, and the log lines shown meanwhile are gone."""
+    from miles.utils.k8s_testenv.http_fault_proxy import (
+        LIST,
+        WATCH,
+        CorruptChunk,
+        HttpFaultProxy,
+        Respond,
+    )
+    from miles.utils.workers.reconcile.loop import ReconcileLoop
+
+    if not hasattr(ReconcileLoop, "status"):
+        pytest.skip("ReconcileLoop.status() is not in this runtime yet")
+    async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
+        await pool.create("a-0", "a", "10.9.7.1")
+    async with HttpFaultProxy(kubeconfig=cached_kubeconfig) as proxy:
+        proxied = proxy.write_kubeconfig(tmp_path / "proxied.kubeconfig")
+        with pty_cli(watch_args(proxied, k8s_namespace)) as (process, master):
+            screen = Screen(master)
+            await screen.until(lambda s: "connected |" in s and "a-0" in s, "connected")
+            refused = [
+                proxy.add(LIST, Respond(503)),
+                proxy.add(WATCH, Respond(503)),
+                proxy.add(WATCH, CorruptChunk(), count=1),
+            ]
+            down = await screen.until(lambda s: "reconnecting since" in s, "reconnecting")
+            for fault in refused:
+                proxy.remove(fault)
+            await proxy.reset_held()
+            back = await screen.until(
+                lambda s: "connected |" in s and "log:" not in s, "connected without warnings"
+            )
+            os.killpg(process.pid, signal.SIGINT)
+            assert await asyncio.to_thread(process.wait, WAIT_SECONDS) == 130
+    line = next(row for row in down.splitlines() if "reconnecting since" in row)
+    assert " local" in line
+    assert "a-0" in back
