@@ -65,6 +65,9 @@ class ConnectionTracker:
         """The status line's connection part; empty when no snapshot was seen."""
         if self._status is None:
             return ""
+        stopped = _stopped(self._status)
+        if stopped is not None:
+            return stopped
         return connection_text(self._status.source, self._trouble_since, self._status)
 
 
@@ -87,6 +90,14 @@ def connection_text(
         return "listing"
     error = f": {_one_line(source.last_error)}" if source.last_error else ""
     return f"reconnecting{since}{error}"
+
+
+def _stopped(status: LoopStatus) -> str | None:
+    """``loop stopped: <why>`` for a loop that stopped on its own (a runtime that reports it)."""
+    if not getattr(status, "stopped", False):
+        return None
+    error = getattr(status, "error", None)
+    return f"loop stopped: {_one_line(error)}" if error else "loop stopped"
 
 
 def _one_line(text: str) -> str:
@@ -152,6 +163,11 @@ def status_text(status: LoopStatus, *, now: Callable[[], float] = time.time) -> 
     if status.in_flight is not None:
         lines.append(
             f"Reconciling:        {status.in_flight.parent} since {at(status.in_flight.started_at)}"
+        )
+    stopped = _stopped(status)
+    if stopped is not None:
+        lines.append(
+            f"Stopped:            {stopped.removeprefix('loop stopped').lstrip(': ') or 'yes'}"
         )
     lines.append(f"Retries:            {len(status.retries) or 'none'}")
     lines.extend(

@@ -359,3 +359,19 @@ async def test_status_command_syncs_a_loop_and_returns_its_snapshot() -> None:
         return
     status = await take_status(options, pod_api=api, drain_seconds=0.0)
     assert status.synced
+
+
+def test_a_loop_that_stopped_on_its_own_says_so_in_the_status_line() -> None:
+    """Where the runtime's ``LoopStatus`` reports ``stopped``/``error``, the line leads with it."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Stopped(LoopStatus):
+        stopped: bool = True
+        error: str | None = "reconcile-worker crashed: boom\nTraceback"
+
+    tracker = ConnectionTracker(now=lambda: WALL)
+    status = Stopped(name="n", taken_at=1.0, synced=True, source=source(SourcePhase.STOPPED))
+    tracker.observe(status)
+    assert tracker.line() == "loop stopped: reconcile-worker crashed: boom"
+    assert "Stopped:            reconcile-worker crashed: boom" in status_text(status)
