@@ -291,7 +291,9 @@ async def test_watch_in_a_pseudo_terminal_redraws_the_pool_and_marks_the_change(
             await pool.set_status("a-1", "10.9.1.2", restarts=3)
             changed = await screen.until(lambda s: "* a-1" in s, "a marked change")
             os.killpg(process.pid, signal.SIGINT)
+            interrupted_at = time.monotonic()
             code = await asyncio.to_thread(process.wait, WAIT_SECONDS)
+            stopped_after = time.monotonic() - interrupted_at
             screen.read()
             assert process.stderr is not None
             stderr = process.stderr.read().decode()
@@ -302,6 +304,7 @@ async def test_watch_in_a_pseudo_terminal_redraws_the_pool_and_marks_the_change(
     row = next(line for line in changed.splitlines() if "* a-1" in line)
     assert row.replace("\x1b[1m", "").split()[1:5] == ["a-1", "1/1", "Running", "3"]
     assert code == 130
+    assert stopped_after < 1.0, f"took {stopped_after:.2f}s to stop"
     assert "Traceback" not in stderr
 
 
