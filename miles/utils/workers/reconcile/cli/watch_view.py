@@ -232,7 +232,7 @@ class LiveView:
             self.blocks(now),
             now=now,
             screen=Screen(width=width, height=height, styled=self._terminal.styled),
-            header=self._header(),
+            header=self._header(width),
             footer=[*self.caption, *(f"log: {note}" for note in self.notes)],
             wide=self._output == "wide",
         )
@@ -286,7 +286,9 @@ class LiveView:
         size = self._terminal.size()
         return size[0] if size is not None else None
 
-    def _header(self) -> list[str]:
+    def _header(self, width: int | None) -> list[str]:
+        """The title (with the marks' legend where it fits) and the status line."""
+        legend = f"{self._title}   (* changed, - gone: {MARK_SECONDS:.0f}s)"
         last = (
             f"last reconcile {self._last_parent} at "
             f"{self._last_at.astimezone():%H:%M:%S} local (#{self._reconciles})"
@@ -297,7 +299,7 @@ class LiveView:
         counts = f"{len(self._rows)} parents, {members} pods; {last}"
         status = self.connection.line()
         return [
-            f"{self._title}   (* changed, - gone: {MARK_SECONDS:.0f}s)",
+            legend if width is None or len(legend) <= width else self._title,
             f"{status} | {counts}" if status else counts,
         ]
 

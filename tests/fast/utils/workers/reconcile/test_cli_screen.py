@@ -375,3 +375,12 @@ def test_a_loop_that_stopped_on_its_own_says_so_in_the_status_line() -> None:
     tracker.observe(status)
     assert tracker.line() == "loop stopped: reconcile-worker crashed: boom"
     assert "Stopped:            reconcile-worker crashed: boom" in status_text(status)
+
+
+def test_the_marks_legend_shows_only_where_it_fits() -> None:
+    wide, out = live_view(120, 24)
+    wide.draw()
+    assert out.getvalue().split(HOME)[-1].startswith("t   (* changed, - gone: 5s)")
+    narrow, out = live_view(20, 24)
+    narrow.draw()
+    assert out.getvalue().split(HOME)[-1].startswith("t\x1b[K")
