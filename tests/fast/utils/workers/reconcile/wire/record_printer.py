@@ -1,12 +1,14 @@
 """Re-records ``printer_pods.json``: pods in every state ``kubectl get pods`` names, as a real
 kube-apiserver returns them, each with the apiserver's own table row for it.
 
-``.venv/bin/python -m tests.fast.utils.workers.reconcile.wire.record_printer [KUBECONFIG]``: with a
-kubeconfig, records on that cluster; without, starts a local control plane (k8s_testenv's pins).
-Each case is a pod created on a node no kubelet runs and its status written through
-``pods/status``, as a kubelet writes it; the expected READY, STATUS and RESTARTS come from the
-apiserver's server-side printing (``Accept: application/json;as=Table``), which is what
-``kubectl get pods`` shows: the same ``printPod`` that ``cli/pod_columns.py`` ports.
+``.venv/bin/python -m tests.fast.utils.workers.reconcile.wire.record_printer [KUBECONFIG [NODE]]``:
+with a kubeconfig, records on that cluster; without, starts a local control plane (k8s_testenv's
+pins). Most cases are a pod created on a node no kubelet runs, its status written through
+``pods/status`` as a kubelet writes it. With ``NODE`` (a KWOK node, as ``env up`` starts), the
+``kwok-*`` cases are bound to it and their status is written by KWOK's stages (ready, restarts,
+completion, a graceful delete). The expected READY, STATUS and RESTARTS come from the apiserver's
+server-side printing (``Accept: application/json;as=Table``), which is what ``kubectl get pods``
+shows: the same ``printPod`` that ``cli/pod_columns.py`` ports.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,8 @@ from typing import Any
 from miles.utils.k8s_testenv.client import api_client
 
 HERE = Path(__file__).parent
-NAMESPACE = "printer"
+NAMESPACE = f"printer-{uuid.uuid4().hex[:6]}"
+"""Fresh per run: without a namespace controller, a deleted namespace never goes away."""
 NODE = "printer-node"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 
@@ -296,14 +300,35 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
-def _manifest(case: dict[str, Any]) -> dict[str, Any]:
+KWOK_CASES: list[dict[str, Any]] = [
+    {"case": "kwok-running", "status": {}, "wait": "Running"},
+    {
+        "case": "kwok-restarted",
+        "status": {},
+        "annotations": {"kwok.miles.local/restart-count": "2"},
+        "wait": "restarts=2",
+    },
+    {
+        "case": "kwok-completed",
+        "status": {},
+        "restart_policy": "Never",
+        "annotations": {"kwok.miles.local/complete": "true"},
+        "wait": "Succeeded",
+    },
+    {"case": "kwok-terminating", "status": {}, "wait": "Running", "delete": True},
+]
+
+
+def _manifest(case: dict[str, Any], node: str = NODE) -> dict[str, Any]:
     containers = case.get("containers", ["engine"])
     spec: dict[str, Any] = {
         "containers": [{"name": c, "image": "miles/engine:test"} for c in containers],
         "terminationGracePeriodSeconds": 3600,
     }
     if case.get("node", NODE):
-        spec["nodeName"] = NODE
+        spec["nodeName"] = node
+    if case.get("restart_policy"):
+        spec["restartPolicy"] = case["restart_policy"]
     init = [{"name": c, "image": "miles/init:test"} for c in case.get("init", [])]
     init += [
         {"name": c, "image": "miles/proxy:test", "restartPolicy": "Always"}
@@ -319,7 +344,8 @@ def _manifest(case: dict[str, Any]) -> dict[str, Any]:
         "metadata": {
             "name": case["case"],
             "labels": {"miles.test/printer": "yes", "cell": "cell-0"},
-            "finalizers": ["miles.test/keep"],
+            "annotations": case.get("annotations", {}),
+            "finalizers": [] if case.get("kwok") else ["miles.test/keep"],
         },
         "spec": spec,
     }
@@ -340,20 +366,40 @@ async def _get(api: Any, path: str, accept: str = "application/json") -> Any:
         response.release()
 
 
-async def record(kubeconfig: Path) -> None:
+def _reached(pod: Any, wait: str) -> bool:
+    if wait.startswith("restarts="):
+        statuses = pod.status.container_statuses or []
+        return sum(c.restart_count for c in statuses) >= int(wait.split("=")[1])
+    return bool(pod.status.phase == wait)
+
+
+async def _wait_for_kwok(core: Any, case: dict[str, Any]) -> None:
+    for _ in range(300):
+        if _reached(await core.read_namespaced_pod(case["case"], NAMESPACE), case["wait"]):
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"KWOK did not bring {case['case']} to {case['wait']} within 60s")
+
+
+async def record(kubeconfig: Path, kwok_node: str | None = None) -> None:
     from kubernetes_asyncio import client
 
+    cases = [*CASES, *({**c, "kwok": True} for c in KWOK_CASES if kwok_node)]
     async with api_client(kubeconfig) as api:
         core: Any = client.CoreV1Api(api)
         await core.create_namespace({"metadata": {"name": NAMESPACE}})
-        for case in CASES:
-            await core.create_namespaced_pod(NAMESPACE, _manifest(case))
+        for case in cases:
+            node = kwok_node if kwok_node and case.get("kwok") else NODE
+            await core.create_namespaced_pod(NAMESPACE, _manifest(case, node))
+            if case.get("kwok"):
+                await _wait_for_kwok(core, case)
             if case["status"]:
                 await core.patch_namespaced_pod_status(
                     case["case"], NAMESPACE, {"status": case["status"]}
                 )
             if case.get("delete"):
                 await core.delete_namespaced_pod(case["case"], NAMESPACE)
+        await asyncio.sleep(1)
         base = f"/api/v1/namespaces/{NAMESPACE}/pods"
         pods = await _get(api, base)
         table = await _get(api, base, TABLE)
@@ -362,14 +408,24 @@ async def record(kubeconfig: Path) -> None:
         rows = {
             row["cells"][0]: dict(zip(columns, row["cells"], strict=True)) for row in table["rows"]
         }
+        writers = {c["case"]: "kwok" if c.get("kwok") else "pods/status" for c in cases}
         fixture = [
-            {"case": pod["metadata"]["name"], "pod": pod, "kubectl": rows[pod["metadata"]["name"]]}
+            {
+                "case": pod["metadata"]["name"],
+                "writer": writers[pod["metadata"]["name"]],
+                "pod": pod,
+                "kubectl": rows[pod["metadata"]["name"]],
+            }
             for pod in pods["items"]
         ]
         for pod in pods["items"]:
             await core.patch_namespaced_pod(
                 pod["metadata"]["name"], NAMESPACE, {"metadata": {"finalizers": None}}
             )
+            if not pod["metadata"].get("deletionTimestamp"):
+                await core.delete_namespaced_pod(
+                    pod["metadata"]["name"], NAMESPACE, grace_period_seconds=0
+                )
         await core.delete_namespace(NAMESPACE)
     document = {"recordedAt": recorded_at, "server": "kube-apiserver", "pods": fixture}
     (HERE / "printer_pods.json").write_text(json.dumps(document, indent=1) + "\n")
@@ -377,7 +433,7 @@ async def record(kubeconfig: Path) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1:
-        asyncio.run(record(Path(sys.argv[1])))
+        asyncio.run(record(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))
     else:
         from miles.utils.k8s_testenv.control_plane import LocalControlPlane
 
@@ -386,7 +442,8 @@ def main() -> None:
     document = json.loads((HERE / "printer_pods.json").read_text())
     for entry in document["pods"]:
         cells = entry["kubectl"]
-        print(f"{entry['case']:28} {cells['Ready']:5} {cells['Status']:24} {cells['Restarts']}")
+        status, restarts = cells["Status"], cells["Restarts"]
+        print(f"{entry['case']:28} {entry['writer']:12} {cells['Ready']:5} {status:24} {restarts}")
 
 
 if __name__ == "__main__":
