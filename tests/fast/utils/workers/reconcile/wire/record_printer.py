@@ -369,7 +369,8 @@ async def _get(api: Any, path: str, accept: str = "application/json") -> Any:
 def _reached(pod: Any, wait: str) -> bool:
     if wait.startswith("restarts="):
         statuses = pod.status.container_statuses or []
-        return sum(c.restart_count for c in statuses) >= int(wait.split("=")[1])
+        restarts: int = sum(c.restart_count for c in statuses)
+        return restarts >= int(wait.split("=")[1])
     return bool(pod.status.phase == wait)
 
 
