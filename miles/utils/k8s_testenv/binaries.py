@@ -1,8 +1,10 @@
 """Builds the pinned Go binaries into a cache folder (Go: envtest's setup-envtest asset store).
 
-Each binary has its own wrapper module under `tools/k8s/<module>/` whose go.mod and go.sum pin it.
-A binary is rebuilt only when its stamp (a hash of the module's files, the build flags and the Go
-version) differs from the one recorded beside it.
+Each binary has its own wrapper module under `tools/k8s/<module>/` whose go.mod and go.sum pin it;
+the package reads them from `pins/` beside this file (a link to `tools/k8s` in a checkout, package
+data in a wheel). A binary is rebuilt only when its stamp (a hash of the module's files, the build
+flags and the Go version) differs from the one recorded beside it. The folder is `bin_dir()`:
+`MILES_K8S_BIN_DIR`, else the checkout's `.cache/k8s-bin`, else the user's cache folder.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.utils.k8s_testenv.errors import BuildError, PrerequisiteError
-from miles.utils.k8s_testenv.settings import EnvSettings
+from miles.utils.k8s_testenv.settings import BIN_DIR_ENV, EnvSettings
+from miles.utils.k8s_testenv.user_dirs import user_cache_dir
 
 LogFn = Callable[[str], None]
 
 _LOG_TAIL_LINES = 40
+PINS_FOLDER = "pins"
 _BUILD_FLAGS = ("-trimpath", "-buildvcs=false")
 
 
@@ -83,24 +87,36 @@ def _print_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def repo_root() -> Path:
-    """The checkout holding `tools/k8s` (the package is installed editable from it)."""
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "tools" / "k8s").is_dir():
-            return parent
-    raise PrerequisiteError(
-        f"tools/k8s not found above {Path(__file__).resolve()}: "
-        "the Go modules live in the source checkout; install the package editable (pip install -e)"
-    )
+def checkout_root() -> Path | None:
+    """The source checkout this package is imported from (an editable install), if it is one."""
+    root = Path(__file__).resolve().parents[3]
+    if (root / "pyproject.toml").is_file() and (root / "tools" / "k8s").is_dir():
+        return root
+    return None
 
 
 def tools_dir() -> Path:
-    return repo_root() / "tools" / "k8s"
+    """The pinned Go modules: `pins/` beside this file, which is `tools/k8s` in a checkout (a
+    symbolic link) and its copy, carried as package data, in an installed wheel."""
+    pins = Path(__file__).with_name(PINS_FOLDER)
+    if not pins.is_dir():
+        raise PrerequisiteError(
+            f"the pinned Go modules are missing from the installed package (no {pins}); "
+            "reinstall miles-reconcile"
+        )
+    return pins
 
 
 def bin_dir(settings: EnvSettings | None = None) -> Path:
+    """`MILES_K8S_BIN_DIR` if set; else `.cache/k8s-bin` of the checkout this package is imported
+    from; else the user's cache folder (`$XDG_CACHE_HOME/miles-reconcile/k8s-bin`)."""
     settings = settings or EnvSettings.from_env()
-    return settings.bin_dir or repo_root() / ".cache" / "k8s-bin"
+    if settings.bin_dir is not None:
+        return settings.bin_dir
+    checkout = checkout_root()
+    if checkout is not None:
+        return checkout / ".cache" / "k8s-bin"
+    return user_cache_dir() / "k8s-bin"
 
 
 def pinned_version(go_mod: str, module: str) -> str:
@@ -198,6 +214,36 @@ def _build_lock(out_dir: Path, log: LogFn) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def build_blocker(out_dir: Path) -> tuple[str, str] | None:
+    """Why nothing can be built into `out_dir`, and what to do, or None when a build can run."""
+    if shutil.which("go") is None:
+        return (
+            "the Go toolchain is not on PATH",
+            f"install Go >= 1.26 to build them from the pins, or point {BIN_DIR_ENV} at a "
+            "folder of built binaries",
+        )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"{out_dir} cannot be created ({exc.strerror or exc})", _WRITABLE_REMEDY
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        return f"{out_dir} is not writable", _WRITABLE_REMEDY
+    return None
+
+
+_WRITABLE_REMEDY = f"set {BIN_DIR_ENV} to a writable folder, or to one of built binaries"
+
+
+def _require_prebuilt(out_dir: Path, wanted: Iterable[str], blocker: tuple[str, str]) -> None:
+    """Where nothing can be built, the binaries present are used as they are (unchecked)."""
+    missing = sorted(name for name in wanted if not (out_dir / name).is_file())
+    if missing:
+        reason, remedy = blocker
+        raise PrerequisiteError(
+            f"{', '.join(missing)} not built in {out_dir} and {reason}: {remedy}"
+        )
+
+
 def ensure_binaries(
     *,
     names: Iterable[str] | None = None,
@@ -207,22 +253,27 @@ def ensure_binaries(
     """Builds every pinned binary that is missing or stale; returns the paths of all four.
 
     `names` limits the build to those binaries (the others' paths are returned as they are).
+    Without Go, or with a folder that cannot be written, the binaries already in the folder are
+    used as they are, so a folder built elsewhere (`MILES_K8S_BIN_DIR`) needs no toolchain.
     """
     wanted = set(names) if names is not None else {spec.name for spec in SPECS}
     unknown = wanted - {spec.name for spec in SPECS}
     if unknown:
         raise ValueError(f"unknown binaries: {sorted(unknown)}")
     out_dir = bin_dir(settings)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    go = go_executable()
-    go_version = _go_version(go)
     paths = {spec.name: out_dir / spec.name for spec in SPECS}
-    with _build_lock(out_dir, log):
-        for spec in SPECS:
-            if spec.name in wanted:
-                paths[spec.name] = _build_one(
-                    spec, go=go, go_version=go_version, out_dir=out_dir, log=log
-                )
+    blocker = build_blocker(out_dir)
+    if blocker is not None:
+        _require_prebuilt(out_dir, wanted, blocker)
+    else:
+        go = go_executable()
+        go_version = _go_version(go)
+        with _build_lock(out_dir, log):
+            for spec in SPECS:
+                if spec.name in wanted:
+                    paths[spec.name] = _build_one(
+                        spec, go=go, go_version=go_version, out_dir=out_dir, log=log
+                    )
     return BinaryPaths(
         etcd=paths["etcd"],
         kube_apiserver=paths["kube-apiserver"],
