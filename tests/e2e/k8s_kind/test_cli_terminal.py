@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from miles.utils.k8s_testenv import EnvSettings
 from tests.e2e.k8s_kind.test_cli import (
     APP_SELECTOR,
     CELL_LABEL,
@@ -289,9 +290,12 @@ class Tmux:
 
 
 @contextlib.contextmanager
-def tmux_session(command: str, *, width: int, height: int) -> Iterator[Tmux]:
+def tmux_session(command: str, *, width: int, height: int, settings: EnvSettings) -> Iterator[Tmux]:
     if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
+        reason = "tmux is not installed (Debian: tmux)"
+        if settings.require:
+            pytest.fail(f"{reason}; MILES_K8S_REQUIRE is on, so this fails instead of skipping")
+        pytest.skip(reason)
     tmux = Tmux(f"miles-test-{uuid.uuid4().hex[:8]}")
     tmux.run("new-session", "-d", "-s", "watch", "-x", str(width), "-y", str(height), command)
     try:
@@ -302,7 +306,7 @@ def tmux_session(command: str, *, width: int, height: int) -> Iterator[Tmux]:
 
 
 async def test_watch_in_tmux_fits_80x24_then_40_columns_and_ctrl_c_exits_130(
-    cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
+    cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path, k8s_settings: EnvSettings
 ) -> None:
     """Issue 13 items 4 and 6 in a real terminal: at 80x24 a pool taller than the screen keeps its
     header and says how many parents are hidden; resized to 40 columns (SIGWINCH) no line wraps;
@@ -315,7 +319,7 @@ async def test_watch_in_tmux_fits_80x24_then_40_columns_and_ctrl_c_exits_130(
     argv = " ".join(watch_args(cached_kubeconfig, k8s_namespace))
     env = " ".join(f"{k}={v}" for k, v in cli_env().items() if k in ("PYTHONPATH", "PATH"))
     command = f"cd {REPO_ROOT} && env {env} {argv}; echo $? > {exit_file}; sleep 60"
-    with tmux_session(command, width=80, height=24) as tmux:
+    with tmux_session(command, width=80, height=24, settings=k8s_settings) as tmux:
         wide = await tmux.until(
             lambda lines: any("more parents" in line for line in lines), "the hidden-parents line"
         )
