@@ -77,8 +77,9 @@ from bench.apiserver_report import (
 )
 from bench.apiserver_seed import namespace_for
 
-CONTENDERS = ("ours", "ka", "go", "kube-rs")
-COMPILED = ("go", "kube-rs")
+CONTENDERS = ("ours", "ka", "go", "kube-rs", "ours-stream", "go-stream")
+DEFAULT_CONTENDERS = ("ours", "ka", "go", "kube-rs")
+COMPILED = ("go", "kube-rs", "go-stream")
 PAGE_SIZE = 500
 DEFAULT_PLOT = Path("docs") / "apiserver-growth.png"
 _CONTINUE = re.compile(rb'"continue":"([^"]*)"')
@@ -281,27 +282,58 @@ def build_compiled(wanted: Sequence[str], settings: Any) -> tuple[dict[str, Path
 
     binaries: dict[str, Path] = {}
     skipped: dict[str, str] = {}
-    if "go" in wanted:
+    go = [name for name in ("go", "go-stream") if name in wanted]
+    if go:
         try:
-            binaries["go"] = ensure_binaries(names=["oracle"], settings=settings).oracle
+            oracle = ensure_binaries(names=["oracle"], settings=settings).oracle
+            binaries.update(dict.fromkeys(go, oracle))
         except K8sTestEnvError as err:
-            skipped["go"] = str(err).splitlines()[0]
+            skipped.update(dict.fromkeys(go, str(err).splitlines()[0]))
     if "kube-rs" in wanted:
         try:
             binaries["kube-rs"] = ensure_kube_rs(_progress)
         except ContenderUnavailable as err:
             skipped["kube-rs"] = str(err)
+    if "ours-stream" in wanted and not reflector_streams():
+        skipped["ours-stream"] = "this KubernetesReflector has no streaming_list option"
     return binaries, skipped
 
 
-def apiserver_pid_of(kubeconfig: Path) -> int | None:
-    """The pid of the apiserver behind a kubeconfig, if a local control plane of ours serves it."""
-    from miles.utils.k8s_testenv.state import running_planes
+def reflector_streams() -> bool:
+    import inspect
 
-    for plane in running_planes():
-        for name, path in plane.kubeconfigs.items():
-            if Path(path) == kubeconfig:
-                return plane.pids.get(f"kube-apiserver ({name})")
+    from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+
+    return "streaming_list" in inspect.signature(KubernetesReflector).parameters
+
+
+def apiserver_pid_of(kubeconfig: Path) -> int | None:
+    """The pid of the local process listening on the kubeconfig's server port, if one is."""
+    from urllib.parse import urlsplit
+
+    try:
+        config = json.loads(kubeconfig.read_text())
+        port = urlsplit(config["clusters"][0]["cluster"]["server"]).port
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return None if port is None else listener_pid(port)
+
+
+def listener_pid(port: int) -> int | None:
+    """The process holding the listening TCP socket on ``port``, from ``/proc/net`` and fds."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                return int(proc.name)
     return None
 
 
@@ -341,7 +373,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--oracle-poll", type=float, default=0.005, help="least seconds between client-go polls"
     )
     parser.add_argument("--drain-timeout", type=float, default=60.0)
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=CONTENDERS,
+        default=list(DEFAULT_CONTENDERS),
+        help="ours-stream / go-stream: ours / client-go listing by a streaming list (not default)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 pods, one round")
     parser.add_argument(
         "--growth", type=int, nargs="+", default=None, metavar="PODS", help="pool sizes: sync only"

@@ -52,7 +52,9 @@ from miles.utils.workers.reconcile.source_event import (
     UpsertEvent,
 )
 
-CONTENDERS = ("ours", "ka")
+CONTENDERS = ("ours", "ours-stream", "ka")
+STREAMING = "ours-stream"
+"""Ours listing by a streaming list (``sendInitialEvents``) instead of paged LISTs."""
 
 
 def parent_of(pod: Any) -> ParentKey | None:
@@ -131,7 +133,9 @@ def build_source(name: str, api_client: Any, namespace: str) -> SourceWatchFn:
 
     core = client.CoreV1Api(api_client)
     if name.startswith("ours"):
+        streaming: dict[str, Any] = {"streaming_list": True} if name == STREAMING else {}
         return KubernetesReflector(
+            **streaming,
             kube_client=KubernetesAsyncioPodApi(core_v1_api=core),
             namespace=namespace,
             label_selector=SELECTOR,

@@ -289,11 +289,16 @@ async def measure_compiled(
 ) -> Values:
     binary = env.binaries[name]
     log = env.logs / f"{name}.log"
-    rss_before = await baseline_rss(binary, env.kubeconfig, namespace=scenario.namespace, log=log)
+    flags = ["--watch-list"] if name == "go-stream" else []
+    rss_before = await baseline_rss(
+        binary, env.kubeconfig, namespace=scenario.namespace, log=log, flags=flags
+    )
     load = ApiserverLoad(env.apiserver_pid)
     load.start()
     started = time.monotonic()
-    async with oracle_process(binary, env.kubeconfig, namespace=scenario.namespace, log=log) as o:
+    async with oracle_process(
+        binary, env.kubeconfig, namespace=scenario.namespace, log=log, flags=flags
+    ) as o:
         snap = await o.wait_until(pods=scenario.pods, within=SYNC_TIMEOUT)
         values = await load.stop()
         values.update(

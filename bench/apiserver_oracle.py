@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +113,13 @@ class Oracle:
 
 @contextlib.asynccontextmanager
 async def oracle_process(
-    binary: Path, kubeconfig: Path, *, namespace: str, selector: str = SELECTOR, log: Path
+    binary: Path,
+    kubeconfig: Path,
+    *,
+    namespace: str,
+    selector: str = SELECTOR,
+    log: Path,
+    flags: Sequence[str] = (),
 ) -> AsyncIterator[Oracle]:
     with log.open("ab") as stderr:
         process = await asyncio.create_subprocess_exec(
@@ -121,6 +127,7 @@ async def oracle_process(
             f"--kubeconfig={kubeconfig}",
             f"--namespace={namespace}",
             f"--selector={selector}",
+            *flags,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
@@ -138,10 +145,12 @@ async def oracle_process(
             await process.wait()
 
 
-async def baseline_rss(binary: Path, kubeconfig: Path, *, namespace: str, log: Path) -> int:
+async def baseline_rss(
+    binary: Path, kubeconfig: Path, *, namespace: str, log: Path, flags: Sequence[str] = ()
+) -> int:
     """RSS of an oracle synced to an empty selection: what it holds before any pod."""
     async with oracle_process(
-        binary, kubeconfig, namespace=namespace, selector=EMPTY_SELECTOR, log=log
+        binary, kubeconfig, namespace=namespace, selector=EMPTY_SELECTOR, log=log, flags=flags
     ) as oracle:
         await oracle.wait_until(within=60.0)
         return rss_bytes(oracle.pid)

@@ -19,10 +19,19 @@ TITLES = {
     "ka": "kubernetes_asyncio",
     "go": "client-go",
     "kube-rs": "kube-rs",
+    "ours-stream": "ours, streaming list",
+    "go-stream": "client-go, WatchList",
     "floor": "the raw paged LIST",
 }
-COLUMNS = {"ours": "ours", "ka": "k8s_asyncio", "go": "client-go", "kube-rs": "kube-rs"}
-PEERS = ("ka", "go", "kube-rs")
+COLUMNS = {
+    "ours": "ours",
+    "ka": "k8s_asyncio",
+    "go": "client-go",
+    "kube-rs": "kube-rs",
+    "ours-stream": "ours-stream",
+    "go-stream": "go-stream",
+}
+PEERS = ("ka", "go", "kube-rs", "ours-stream", "go-stream")
 
 
 @dataclass(frozen=True)
@@ -291,7 +300,7 @@ def plot_growth(growth: dict[int, Results], path: Path) -> str | None:
                 xs, ys = zip(*points, strict=True)
                 axis.plot(xs, ys, marker="o", label=TITLES[name])
         axis.set_xscale("log")
-        axis.set_yscale("log")
+        axis.set_ylim(bottom=0)
         axis.set_xticks(sizes, [f"{s:,}" for s in sizes])
         axis.set_xlabel("pods in the pool")
         axis.set_title(title)
