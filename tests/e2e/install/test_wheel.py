@@ -1,10 +1,10 @@
 """Layer install: what a new user gets from `pip install 'miles-reconcile[k8s]'` of the wheel.
 
-The wheel is built from this checkout with pip's own `pip wheel` and installed with its `[k8s]`
-extra into a fresh virtualenv in a temporary folder, outside the checkout, with no `PYTHONPATH`.
-From there: `--version`, `watch --help`, `env up` and `env down` on the session's built binaries
-(`MILES_K8S_BIN_DIR`, so nothing is rebuilt), a build from the pins the wheel carries into the
-user's cache folder, and the mistakes a new user makes, each one line and exit 2.
+The wheel is built from a copy of this checkout with pip's own `pip wheel` and installed with its
+`[k8s]` extra into a fresh virtualenv in a temporary folder, outside the checkout, with no
+`PYTHONPATH`. From there: `--version`, `watch --help`, `env up` and `env down` on the session's
+built binaries (`MILES_K8S_BIN_DIR`, so nothing is rebuilt), a build from the pins the wheel
+carries into the user's cache folder, and the mistakes a new user makes, each one line and exit 2.
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ def installed(
     home = tmp_path_factory.mktemp("install")
     assert checkout not in home.parents
     started = time.monotonic()
+    source = _copy_of_the_tree(checkout, home / "source")
     _pip(k8s_settings, sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-         "-w", str(home / "wheel"), str(checkout))  # fmt: skip
+         "-w", str(home / "wheel"), str(source))  # fmt: skip
     built = time.monotonic()
     (wheel,) = (home / "wheel").glob("miles_reconcile-*.whl")
     venv = home / "venv"
@@ -107,6 +108,25 @@ def installed(
         f"{time.monotonic() - built:.1f}s ({venv})"
     )
     return Installed(venv=venv, home=home, bin_dir=k8s_binaries.etcd.parent, go_caches=_go_caches())
+
+
+def _copy_of_the_tree(checkout: Path, target: Path) -> Path:
+    """The checkout's files as they are (committed or not, ignored ones left out), links kept: a
+    build in the checkout itself would reuse its `build/` folder, where a deleted module lingers."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=checkout,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = checkout / name
+        if not source.exists() and not source.is_symlink():
+            continue
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target / name, follow_symlinks=False)
+    return target
 
 
 def _go_caches() -> dict[str, str]:
