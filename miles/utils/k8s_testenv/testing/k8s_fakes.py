@@ -252,44 +252,25 @@ class WatchCall:
 
 Step = PodWatchEvent | BaseException | Callable[[], Any]
 """One scripted watch step: yield an event, raise an exception, or await a callable's result."""
+Script = list[Step] | BaseException
+"""A scripted watch: its steps (ending the list closes the stream cleanly), or an exception raised
+when it opens."""
 
 
 @dataclass
-class FakePodApi:
-    """A scripted ``KubernetesPodApi``: each consistent LIST page pops ``lists``, each LIST carrying
-    a ``resource_version`` (a cursor probe) pops ``probes``, each WATCH pops ``watches``.
-    ``list_calls`` has one entry per LIST started (a first page), ``page_calls`` one per page.
-
-    A list or probe entry is a ``PodListPage`` or an exception to raise. A watch entry is a list of
-    steps (ending the list closes the stream cleanly) or an exception raised when the watch opens.
-    When a queue runs dry the call parks forever, so a test sees exactly the calls it scripted.
-    """
+class ContractPodApi:
+    """A scripted ``KubernetesPodApi`` with exactly the contract's two methods and parameters, and
+    nothing else: each LIST pops ``lists``, each WATCH pops ``watches``; a dry queue parks the call
+    forever, so a test sees exactly the calls it scripted."""
 
     lists: list[PodListPage | BaseException] = field(default_factory=list)
-    watches: list[list[Step] | BaseException] = field(default_factory=list)
-    probes: list[PodListPage | BaseException] = field(default_factory=list)
+    watches: list[Script] = field(default_factory=list)
     list_calls: list[tuple[str, str]] = field(default_factory=list)
     watch_calls: list[WatchCall] = field(default_factory=list)
-    probe_calls: list[ProbeCall] = field(default_factory=list)
-    page_calls: list[PageCall] = field(default_factory=list)
 
-    async def list_pods(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        resource_version: str | None = None,
-        limit: int | None = None,
-        continue_token: str | None = None,
-    ) -> PodListPage:
-        if resource_version is None:
-            if continue_token is None:
-                self.list_calls.append((namespace, label_selector))
-            self.page_calls.append(PageCall(limit, continue_token))
-            return await _pop(self.lists)
-        assert continue_token is None, "a continuation never carries a resourceVersion"
-        self.probe_calls.append(ProbeCall(namespace, label_selector, resource_version, limit))
-        return await _pop(self.probes)
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        self.list_calls.append((namespace, label_selector))
+        return await _pop(self.lists)
 
     async def stream_pods(
         self,
@@ -302,18 +283,78 @@ class FakePodApi:
         self.watch_calls.append(
             WatchCall(namespace, label_selector, resource_version, timeout_seconds)
         )
-        if not self.watches:
-            await asyncio.Event().wait()
-        entry = self.watches.pop(0)
-        if isinstance(entry, BaseException):
-            raise entry
-        for step in entry:
-            if isinstance(step, BaseException):
-                raise step
-            if isinstance(step, PodWatchEvent):
-                yield step
-            else:
-                await step()
+        async for event in _play(self.watches):
+            yield event
+
+
+@dataclass
+class FakePodApi(ContractPodApi):
+    """A scripted ``KubernetesPodApi`` that is also a ``PagedPodApi``: each consistent LIST page
+    pops ``lists``, each LIST carrying a ``resource_version`` (a cursor probe) pops ``probes``.
+    ``list_calls`` has one entry per LIST started (a first page), ``page_calls`` one per page.
+
+    A list or probe entry is a ``PodListPage`` or an exception to raise. A probe with ``probes``
+    empty is accepted (an empty page at the cursor), so a test scripts only the probes it means.
+    """
+
+    probes: list[PodListPage | BaseException] = field(default_factory=list)
+    probe_calls: list[ProbeCall] = field(default_factory=list)
+    page_calls: list[PageCall] = field(default_factory=list)
+
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        return await self.list_pod_page(
+            namespace=namespace, label_selector=label_selector, limit=None
+        )
+
+    async def list_pod_page(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        limit: int | None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> PodListPage:
+        if resource_version is None:
+            if continue_token is None:
+                self.list_calls.append((namespace, label_selector))
+            self.page_calls.append(PageCall(limit, continue_token))
+            return await _pop(self.lists)
+        assert continue_token is None, "a continuation never carries a resourceVersion"
+        self.probe_calls.append(ProbeCall(namespace, label_selector, resource_version, limit))
+        if not self.probes:
+            return PodListPage((), resource_version)
+        return await _pop(self.probes)
+
+
+@dataclass
+class StreamingFakePodApi(FakePodApi):
+    """``FakePodApi`` that can also stream a list: each streaming list pops ``stream_lists``."""
+
+    stream_lists: list[Script] = field(default_factory=list)
+    stream_list_calls: int = 0
+
+    async def stream_pod_list(
+        self, *, namespace: str, label_selector: str, timeout_seconds: int
+    ) -> AsyncIterator[PodWatchEvent]:
+        self.stream_list_calls += 1
+        async for event in _play(self.stream_lists):
+            yield event
+
+
+async def _play(scripts: list[Script]) -> AsyncIterator[PodWatchEvent]:
+    if not scripts:
+        await asyncio.Event().wait()
+    entry = scripts.pop(0)
+    if isinstance(entry, BaseException):
+        raise entry
+    for step in entry:
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, PodWatchEvent):
+            yield step
+        else:
+            await step()
 
 
 async def _pop(queue: list[PodListPage | BaseException]) -> PodListPage:

@@ -13,17 +13,23 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from miles.utils.workers.reconcile.k8s_api import (
     KubernetesAsyncioPodApi,
     KubernetesPodApi,
+    PagedPodApi,
     PodListPage,
     PodWatchEvent,
 )
 
 T = TypeVar("T")
 LogEntry = PodListPage | PodWatchEvent
+
+
+class PagedKubernetesPodApi(KubernetesPodApi, PagedPodApi, Protocol):
+    """What the recorder wraps: the contract plus pages and probes (a streaming list is forwarded
+    when the inner API has one)."""
 
 
 async def aclose(stream: AsyncIterator[Any]) -> None:
@@ -77,7 +83,7 @@ class RecordingPodApi:
     `probes` holds the LISTs that carried a resourceVersion (cursor probes), which are neither
     relists nor logged."""
 
-    def __init__(self, inner: KubernetesPodApi) -> None:
+    def __init__(self, inner: PagedKubernetesPodApi) -> None:
         self._inner = inner
         self.lists: list[PodListPage] = []
         self.pages: list[PodListPage] = []
@@ -91,21 +97,26 @@ class RecordingPodApi:
     def over(cls, core_v1_api: Any) -> RecordingPodApi:
         return cls(KubernetesAsyncioPodApi(core_v1_api=core_v1_api))
 
-    async def list_pods(
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        return await self.list_pod_page(
+            namespace=namespace, label_selector=label_selector, limit=None
+        )
+
+    async def list_pod_page(
         self,
         *,
         namespace: str,
         label_selector: str,
-        resource_version: str | None = None,
-        limit: int | None = None,
+        limit: int | None,
         continue_token: str | None = None,
+        resource_version: str | None = None,
     ) -> PodListPage:
         if resource_version is not None:
             return await self._probe(namespace, label_selector, resource_version, limit)
         if continue_token is None:
             self.list_attempts += 1
             self._pending = []
-        page = await self._inner.list_pods(
+        page = await self._inner.list_pod_page(
             namespace=namespace,
             label_selector=label_selector,
             limit=limit,
@@ -127,7 +138,7 @@ class RecordingPodApi:
         call = ProbeCall(resource_version, limit, opened_at=time.monotonic())
         self.probes.append(call)
         try:
-            call.page = await self._inner.list_pods(
+            call.page = await self._inner.list_pod_page(
                 namespace=namespace,
                 label_selector=label_selector,
                 resource_version=resource_version,
@@ -138,22 +149,49 @@ class RecordingPodApi:
             raise
         return call.page
 
-    async def stream_pods(
+    def stream_pods(
         self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
     ) -> AsyncIterator[PodWatchEvent]:
-        call = WatchCall(resource_version, opened_at=time.monotonic())
-        self.watches.append(call)
         stream = self._inner.stream_pods(
             namespace=namespace,
             label_selector=label_selector,
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
         )
+        return self._recorded(WatchCall(resource_version, opened_at=time.monotonic()), stream)
+
+    def stream_pod_list(
+        self, *, namespace: str, label_selector: str, timeout_seconds: int
+    ) -> AsyncIterator[PodWatchEvent]:
+        """A streaming list, recorded as a watch from `""` whose pods up to the initial-events-end
+        bookmark are logged as one listing (a `PodListPage` at the bookmark's resourceVersion)."""
+        self.list_attempts += 1
+        stream = self._inner.stream_pod_list(  # type: ignore[attr-defined]
+            namespace=namespace, label_selector=label_selector, timeout_seconds=timeout_seconds
+        )
+        return self._recorded(WatchCall("", opened_at=time.monotonic()), stream, listing=True)
+
+    async def _recorded(
+        self, call: WatchCall, stream: AsyncIterator[PodWatchEvent], *, listing: bool = False
+    ) -> AsyncIterator[PodWatchEvent]:
+        self.watches.append(call)
+        initial: dict[str, Any] = {}
         try:
             async with closing(stream) as frames:
                 async for frame in frames:
                     call.frames.append(frame)
-                    self.log.append(frame)
+                    if listing and frame.initial_events_end:
+                        listing = False
+                        joined = PodListPage(tuple(initial.values()), frame.resource_version or "")
+                        self.lists.append(joined)
+                        self.log.append(joined)
+                    elif listing and frame.pod is not None:
+                        if frame.type == "DELETED":
+                            initial.pop(frame.pod.metadata.name, None)
+                        else:
+                            initial[frame.pod.metadata.name] = frame.pod
+                    else:
+                        self.log.append(frame)
                     yield frame
         except BaseException as err:
             call.failure = err

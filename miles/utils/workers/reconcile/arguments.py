@@ -26,3 +26,12 @@ def optional_period(name: str, value: float | None) -> float | None:
     if value <= 0:
         return None
     return positive_finite(name, value)
+
+
+def positive_whole(name: str, value: int) -> int:
+    """``value`` as an int if it is a whole number of at least one (``300`` or ``300.0``); else
+    ``ValueError`` naming it. For seconds a server takes only as an integer."""
+    number = positive_finite(name, value)
+    if number < 1 or not number.is_integer():
+        raise ValueError(f"{name} must be a whole number of seconds, at least 1, got {value!r}")
+    return int(number)

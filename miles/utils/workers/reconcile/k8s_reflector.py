@@ -1,20 +1,40 @@
-"""LIST, then WATCH from the list's cursor, as a stream of source events. Go: ``cache.Reflector``.
+"""LIST (or stream the list), then WATCH from its cursor, as a stream of source events.
+Go: ``cache.Reflector``.
 
-Each ``watch()`` call opens a stream that starts with a consistent LIST as one ``ReplaceEvent``,
-then follows a WATCH from that list's ``resourceVersion``. The LIST is read in pages of
-``LIST_PAGE_SIZE`` pods, following continue tokens as client-go's ``ListPager`` does, each page
-decoded as it arrives; the server serves every page from the first page's snapshot, so the pages
-join into one ``ReplaceEvent``. A continue token that expires mid-LIST (410) restarts the paged
-LIST from its first page at once. A watch that ends cleanly is reopened from the cursor; a cursor
-the server rejects (410, or 504 for a too-large resourceVersion) costs a relist; any other failure
-retries from the same cursor after ``retry_delay``. Nothing a frame contains ends the stream.
+Each ``watch()`` call runs one state machine (kube-rs ``watcher``'s shape): a ``_State`` names the
+phase and what it needs, an action performs the phase's one request and ends in an outcome, and
+``_transition(state, outcome)`` alone decides the next state. The phases:
 
-A real apiserver never rejects a cursor beyond its history (etcd restored from an older snapshot)
-on a plain WATCH: it waits for that revision and closes at the timeout with no frame. So a watch
-that closed cleanly without a single frame (no event, no bookmark) is followed by a probe, a LIST
-of at most one pod not older than the cursor, which the server does reject; the probe's result
-never reaches the store. A healthy watch-cache watch always carries bookmarks, so the probe runs
-only where the cursor is suspect or the server sends none (no watch cache, an idle selector).
+- ``LIST``: one consistent LIST (resourceVersion unset), paged when the API is a ``PagedPodApi``
+  (``k8s_pager``), as one ``ReplaceEvent``.
+- ``STREAM_LIST``: a streaming list when asked for and the API is a ``StreamingListPodApi``: the
+  initial ADDED events are buffered until the ``k8s.io/initial-events-end`` bookmark, then sent as
+  one ``ReplaceEvent``, and the same stream goes on as the WATCH (client-go's ``watchList``).
+- ``PROBE``: a LIST of at most one pod not older than the cursor, with a ``PagedPodApi`` only.
+- ``WATCH``: follow a watch from the cursor; pod frames become events, bookmarks move the cursor.
+- ``BACKOFF``: wait one step of ``backoff.Backoff`` (``retry_delay`` doubling to 30 s, jitter 1.0,
+  reset after 2 minutes without a failure; at least a 429's ``Retry-After``), then go on.
+
+Invariants:
+
+1. Every stream opens with a ``ReplaceEvent`` of a consistent listing, and every later
+   ``ReplaceEvent`` is another one.
+2. Every failure passes through ``BACKOFF`` before the next request, so no server fault drives
+   more than one LIST (or any request) per backoff step. Only progress moves on at once: a
+   listing, an accepted probe, a watch that delivered a frame or lasted a second before it
+   closed or its connection broke, a frame skipped with the cursor moved past it; and a failed
+   streaming list falls back to its one LIST at once, as client-go's does.
+3. A cursor the server rejects (410, 504, a Status reason Expired or Gone:
+   ``exception_rejects_cursor``) is never used again: the next listing replaces it. A failed
+   watch relists unless the failure keeps the cursor: 429 or connection refused
+   (``exception_keeps_cursor``, Go's ``isWatchErrorRetriable``) retry the watch, and a connection
+   that broke or went silent mid-watch re-watches from the cursor, as Go's ``StreamWatcher`` reads
+   a probable EOF as a close.
+4. With a probe, every re-watch is preceded by a probe of its cursor, so a server whose history
+   was rolled back (etcd restored from a snapshot) rejects the cursor with 504 before new writes
+   can carry the watch past it; a plain watch from a cursor beyond the server's head is accepted
+   and stays silent, or picks up at the wrong revision once writes arrive.
+5. Nothing a frame contains ends the stream; only the consumer closing it does.
 """
 
 from __future__ import annotations
@@ -23,57 +43,313 @@ import enum
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from miles.utils.workers.reconcile.arguments import positive_finite, positive_whole
+from miles.utils.workers.reconcile.backoff import DEFAULT_INITIAL, Backoff
 from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.k8s_api import (
-    FrameDecodeError,
-    KubernetesApiError,
     KubernetesPodApi,
-    PodListPage,
-    PodWatchEvent,
+    PagedPodApi,
+    StreamingListPodApi,
 )
+from miles.utils.workers.reconcile.k8s_pager import LIST_PAGE_SIZE, list_in_pages
 from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_wire import (
+    FrameDecodeError,
+    KubernetesConnectionError,
+    PodWatchEvent,
+    exception_keeps_cursor,
+    exception_rejects_cursor,
+    exception_retry_after,
+    exception_summary,
+)
+from miles.utils.workers.reconcile.log import NamedLogger, default_loop_name
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,
     SourceEvent,
     UpsertEvent,
 )
+from miles.utils.workers.reconcile.status import SourcePhase, SourceStatus
+
+__all__ = [
+    "BOOKMARK_INTERVAL_SECONDS",
+    "DEFAULT_RETRY_DELAY",
+    "LIST_PAGE_SIZE",
+    "PROBE_LIMIT",
+    "SUSPECT_AFTER_SECONDS",
+    "VERY_SHORT_WATCH_SECONDS",
+    "KubernetesReflector",
+    "Phase",
+]
 
 logger = logging.getLogger(__name__)
 
 VERY_SHORT_WATCH_SECONDS = 1.0
-"""Go's ``VeryShortWatchError``: a watch this short that saw no event is a failure, not a close."""
-
+"""Go's ``VeryShortWatchError``: a watch this short that saw no frame is a failure, not a close."""
 PROBE_LIMIT = 1
 """Items a cursor probe asks for: it checks the cursor, the page itself is dropped."""
+DEFAULT_RETRY_DELAY = DEFAULT_INITIAL
+"""The first backoff step, client-go's 800 ms (``defaultBackoffInit``)."""
+BOOKMARK_INTERVAL_SECONDS = 60.0
+"""How often a watch-cache apiserver sends a bookmark on an idle watch
+(``defaultBookmarkFrequency``, apiserver ``storage/cacher``)."""
+SUSPECT_AFTER_SECONDS = 2 * BOOKMARK_INTERVAL_SECONDS
+"""A watch that has delivered no frame for this long, nor been re-opened, is reported suspect."""
 
-LIST_PAGE_SIZE = 500
-"""Pods per LIST page, client-go's ``pager.defaultPageSize``."""
 
-
-class _ContinueExpired(Exception):
-    """A continuation page was refused with 410: the LIST's snapshot has been compacted away."""
-
-
-class _Next(enum.Enum):
-    REWATCH = "rewatch"
-    RETRY = "retry"
-    RELIST = "relist"
+class Phase(enum.Enum):
+    LIST = "list"
+    STREAM_LIST = "stream list"
     PROBE = "probe"
+    WATCH = "watch"
+    BACKOFF = "backoff"
+
+
+_LISTINGS = frozenset({Phase.LIST, Phase.STREAM_LIST})
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """``cursor``: what PROBE checks and WATCH opens from. ``relist_reason``: why a listing after
+    the first runs. ``stream``: an open streaming list that WATCH goes on following. ``after`` and
+    ``delay``: where BACKOFF leads and how long it waits (filled in by the driver, since it draws
+    from the backoff); ``retry_after``: the least wait a server asked for. ``restart``: a
+    re-watch, not the watch right after a listing."""
+
+    phase: Phase
+    cursor: str = ""
+    relist_reason: str | None = None
+    stream: AsyncIterator[PodWatchEvent] | None = None
+    after: _State | None = None
+    retry_after: float = 0.0
+    delay: float = 0.0
+    restart: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    cursor: str
+    stream: AsyncIterator[PodWatchEvent] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Closed:
+    """A watch (or a streaming list) that ended without an error."""
+
+    cursor: str
+    frames: int
+    lasted: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    error: BaseException
+    cursor: str = ""
+    frames: int = 0
+    lasted: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """A probe the server accepted, or a backoff waited out."""
+
+
+_Outcome = _Listed | _Closed | _Failed | _Done
+
+
+class WatchErrorFrame(Exception):
+    """An in-band ERROR frame, as the failure it ends the watch with."""
+
+    def __init__(self, frame: PodWatchEvent) -> None:
+        super().__init__(frame.reason or f"code {frame.code}")
+        self.frame = frame
+
+
+class _Verdict(enum.Enum):
+    CURSOR_DEAD = "the cursor is dead"
+    KEEPS_CURSOR = "throttled or refused"
+    INTERRUPTED = "the connection broke"
+    SKIPPABLE = "a pod frame that does not validate"
+    FAILED = "failed"
+
+
+def _verdict(err: BaseException) -> _Verdict:
+    if isinstance(err, WatchErrorFrame):
+        if err.frame.rejects_cursor:
+            return _Verdict.CURSOR_DEAD
+        return _Verdict.KEEPS_CURSOR if err.frame.code == 429 else _Verdict.FAILED
+    if exception_rejects_cursor(err):
+        return _Verdict.CURSOR_DEAD
+    if exception_keeps_cursor(err):
+        return _Verdict.KEEPS_CURSOR
+    if isinstance(err, FrameDecodeError):
+        readable = err.resource_version is not None and err.event_type != "DELETED"
+        return _Verdict.SKIPPABLE if readable else _Verdict.FAILED
+    if isinstance(err, ConnectionError | TimeoutError):
+        return _Verdict.INTERRUPTED
+    return _Verdict.FAILED
+
+
+def _relist_reason(err: BaseException) -> str:
+    code = err.frame.code if isinstance(err, WatchErrorFrame) else getattr(err, "code", None)
+    if _verdict(err) is _Verdict.CURSOR_DEAD:
+        return "cursor too large" if code == 504 else "cursor expired"
+    if isinstance(err, FrameDecodeError):
+        return "frame unreadable"
+    return "watch failed"
+
+
+@dataclass(frozen=True, slots=True)
+class _Caps:
+    listing: Phase
+    probes: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A transition: the next state and, for anything but routine progress, what happened (the
+    driver adds what comes next, with its delay), at ``level``; ``relist`` when it starts one."""
+
+    state: _State
+    what: str | None = None
+    level: int = logging.WARNING
+    relist: str | None = None
+
+
+def _transition(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
+    """The reflector's one transition function; see the module docstring for its invariants."""
+    if state.phase is Phase.BACKOFF:
+        assert state.after is not None
+        return _Step(state.after)
+    if isinstance(outcome, _Listed):
+        return _Step(_State(Phase.WATCH, outcome.cursor, stream=outcome.stream))
+    if state.phase in _LISTINGS:
+        return _after_listing(state, outcome, caps)
+    if state.phase is Phase.PROBE:
+        return _after_probe(state, outcome, caps)
+    return _after_watch(state, outcome, caps)
+
+
+def _after_listing(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
+    again = _State(caps.listing, relist_reason=state.relist_reason)
+    if state.phase is Phase.LIST:
+        assert isinstance(outcome, _Failed)
+        return _backoff(
+            again, f"pod LIST failed: {exception_summary(outcome.error)}", outcome.error
+        )
+    if isinstance(outcome, _Closed):
+        return _Step(
+            _State(Phase.LIST, relist_reason=state.relist_reason),
+            f"streaming list closed after {outcome.frames} frames without the initial-events-end "
+            "bookmark; falling back to a LIST",
+        )
+    assert isinstance(outcome, _Failed)
+    what = f"streaming list failed: {exception_summary(outcome.error)}"
+    if _verdict(outcome.error) in (_Verdict.FAILED, _Verdict.SKIPPABLE):
+        return _Step(
+            _State(Phase.LIST, relist_reason=state.relist_reason), f"{what}; falling back to a LIST"
+        )
+    return _backoff(again, what, outcome.error)
+
+
+def _after_probe(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
+    if isinstance(outcome, _Done):
+        return _Step(_State(Phase.WATCH, state.cursor, restart=True))
+    assert isinstance(outcome, _Failed)
+    err = outcome.error
+    verdict = _verdict(err)
+    what = f"cursor probe at resourceVersion={state.cursor} failed: {exception_summary(err)}"
+    if verdict in (_Verdict.KEEPS_CURSOR, _Verdict.INTERRUPTED):
+        return _backoff(replace(state, delay=0.0), what, err)
+    reason = _relist_reason(err) if verdict is _Verdict.CURSOR_DEAD else "probe failed"
+    return _backoff(_State(caps.listing, relist_reason=reason), what, err, relist=reason)
+
+
+def _after_watch(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
+    rewatch_phase = Phase.PROBE if caps.probes else Phase.WATCH
+    if isinstance(outcome, _Closed):
+        rewatch = _State(rewatch_phase, outcome.cursor, restart=True)
+        if outcome.frames == 0 and outcome.lasted < VERY_SHORT_WATCH_SECONDS:
+            what = (
+                f"very short pod watch: closed after {outcome.lasted:.3f}s with no frame, "
+                f"resourceVersion={outcome.cursor}"
+            )
+            return _backoff(rewatch, what, None)
+        return _Step(rewatch)
+    assert isinstance(outcome, _Failed)
+    err = outcome.error
+    verdict = _verdict(err)
+    what = f"pod watch from resourceVersion={state.cursor} failed: {exception_summary(err)}"
+    if verdict is _Verdict.SKIPPABLE:
+        assert isinstance(err, FrameDecodeError)
+        assert err.resource_version is not None
+        return _Step(
+            _State(Phase.WATCH, err.resource_version, restart=True),
+            f"pod watch frame rejected after resourceVersion={outcome.cursor} (skipped, the store "
+            f"keeps its last valid copy): pod={err.name} resourceVersion={err.resource_version} "
+            f"reason={err.reason}",
+            logging.ERROR,
+        )
+    rewatch = _State(rewatch_phase, outcome.cursor, restart=True)
+    if verdict is _Verdict.KEEPS_CURSOR:
+        return _backoff(rewatch, what, err)
+    if verdict is _Verdict.INTERRUPTED:
+        level = logging.WARNING
+        if isinstance(err, KubernetesConnectionError) and err.idle:
+            level = logging.INFO
+        if outcome.frames == 0 and outcome.lasted < VERY_SHORT_WATCH_SECONDS:
+            return _backoff(rewatch, what, err)
+        return _Step(rewatch, what, level)
+    reason = _relist_reason(err)
+    if isinstance(err, FrameDecodeError):
+        what = (
+            f"pod watch frame rejected after resourceVersion={outcome.cursor} "
+            f"({'a deletion' if err.event_type == 'DELETED' else 'unreadable'}): "
+            f"pod={err.name} resourceVersion={err.resource_version} reason={err.reason}"
+        )
+    return _backoff(_State(caps.listing, relist_reason=reason), what, err, relist=reason)
+
+
+def _backoff(
+    after: _State, what: str, err: BaseException | None, *, relist: str | None = None
+) -> _Step:
+    retry_after = (exception_retry_after(err) if err is not None else None) or 0.0
+    wait = _State(Phase.BACKOFF, after.cursor, after=after, retry_after=retry_after)
+    level = logging.ERROR if isinstance(err, FrameDecodeError) else logging.WARNING
+    return _Step(wait, what, level, relist)
 
 
 @dataclass
-class _Watch:
-    cursor: str
-    started: float
+class _Progress:
+    """What ``source_status()`` reports, kept up to date by the driver and the actions."""
+
+    phase: SourcePhase = SourcePhase.STARTING
+    phase_since: float | None = None
+    cursor: str | None = None
+    backoff_until: float | None = None
+    relist_reason: str | None = None
+    last_event_at: float | None = None
+    last_bookmark_at: float | None = None
+    watch_opened_at: float | None = None
     events: int = 0
-    next: _Next = _Next.REWATCH
+    lists: int = 0
+    watches: int = 0
+    watch_restarts: int = 0
+    relists: dict[str, int] = field(default_factory=dict)
+    last_error: str | None = None
+    last_error_at: float | None = None
 
 
 class KubernetesReflector:
-    """A ``SourceWatchFn`` over a ``KubernetesPodApi``; object keys are pod names."""
+    """A ``SourceWatchFn`` over a ``KubernetesPodApi``; object keys are pod names.
+
+    ``retry_delay`` is the first backoff step; ``streaming_list`` lists by a streaming list when
+    the API can (``StreamingListPodApi``), else by LIST. ``name`` (default
+    ``namespace/selector``) prefixes every log line. ``source_status()`` is the
+    ``status.StatusReporter`` capability.
+    """
 
     def __init__(
         self,
@@ -82,208 +358,257 @@ class KubernetesReflector:
         namespace: str,
         label_selector: str,
         watch_timeout_seconds: int = 300,
-        retry_delay: float = 1.0,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
         clock: Clock | None = None,
+        name: str | None = None,
+        streaming_list: bool = False,
     ) -> None:
         self._api = kube_client
         self._namespace = namespace
         self._label_selector = label_selector
-        self._watch_timeout_seconds = watch_timeout_seconds
-        self._retry_delay = retry_delay
+        self._watch_timeout_seconds = positive_whole("watch_timeout_seconds", watch_timeout_seconds)
         self._clock: Clock = clock or RealClock()
+        self._backoff = Backoff(
+            clock=self._clock, initial=positive_finite("retry_delay", retry_delay)
+        )
+        self.name = name or default_loop_name(namespace, label_selector)
+        self._log = NamedLogger(logger, self.name)
+        self._paged = kube_client if isinstance(kube_client, PagedPodApi) else None
+        self._streaming = kube_client if isinstance(kube_client, StreamingListPodApi) else None
+        if streaming_list and self._streaming is None:
+            self._log.warning(
+                "streaming list asked for, but %s cannot stream a list: listing by LIST",
+                type(kube_client).__name__,
+            )
+        streams = streaming_list and self._streaming is not None
+        self._caps = _Caps(Phase.STREAM_LIST if streams else Phase.LIST, self._paged is not None)
+        self._progress = _Progress()
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
-        while True:
-            page = await self._list()
-            yield ReplaceEvent({pod.metadata.name: pod for pod in page.pods})
-            cursor = page.resource_version
-            while True:
-                session = _Watch(cursor=cursor, started=self._clock.time())
-                async with aclosing(self._follow(session)) as events:
-                    async for event in events:
-                        yield event
-                cursor = session.cursor
-                next_step = session.next
-                if next_step is _Next.PROBE:
-                    next_step = await self._probe(cursor)
-                if next_step is not _Next.REWATCH:
-                    await self._clock.sleep(self._retry_delay)
-                if next_step is _Next.RELIST:
-                    break
-
-    async def _list(self) -> PodListPage:
-        """A consistent LIST (resourceVersion unset), retried each ``retry_delay`` till it works;
-        one whose continue token expired is restarted at once."""
-        while True:
-            try:
-                return await self._paged_list()
-            except _ContinueExpired as expired:
-                logger.warning(
-                    "pod LIST continue token expired after %d pods, relisting from the first page: "
-                    "namespace=%s selector=%r reason=%s",
-                    expired.args[0],
-                    self._namespace,
-                    self._label_selector,
-                    expired.args[1],
-                )
-                continue
-            except Exception as err:
-                logger.warning(
-                    "pod LIST failed, retrying in %ss: namespace=%s selector=%r reason=%s",
-                    self._retry_delay,
-                    self._namespace,
-                    self._label_selector,
-                    _reason(err),
-                )
-            await self._clock.sleep(self._retry_delay)
-
-    async def _paged_list(self) -> PodListPage:
-        """Every page of one consistent LIST as one page, at the last page's resourceVersion
-        (the server answers every continuation at the first page's)."""
-        pods: list[Pod] = []
-        page = await self._list_page(continue_token=None)
-        while True:
-            pods.extend(page.pods)
-            if not page.continue_token:
-                return PodListPage(tuple(pods), page.resource_version)
-            try:
-                page = await self._list_page(continue_token=page.continue_token)
-            except KubernetesApiError as err:
-                if err.code != 410:
-                    raise
-                raise _ContinueExpired(len(pods), _reason(err)) from err
-
-    async def _list_page(self, *, continue_token: str | None) -> PodListPage:
-        return await self._api.list_pods(
-            namespace=self._namespace,
-            label_selector=self._label_selector,
-            limit=LIST_PAGE_SIZE,
-            continue_token=continue_token,
-        )
-
-    async def _probe(self, cursor: str) -> _Next:
-        """LISTs at most one pod not older than ``cursor``: a rejection means the cursor is beyond
-        the server's history (or expired), so relist; success re-watches; else retry."""
+        state = _State(self._caps.listing)
         try:
-            await self._api.list_pods(
-                namespace=self._namespace,
-                label_selector=self._label_selector,
-                resource_version=cursor,
-                limit=PROBE_LIMIT,
-            )
-        except KubernetesApiError as err:
-            if not err.rejects_cursor:
-                return self._probe_failed(cursor, err)
-            logger.warning(
-                "pod watch cursor resourceVersion=%s %s, relisting: the probe LIST after a watch "
-                "that closed with no frame got %s",
-                cursor,
-                "is beyond the server's history" if err.code == 504 else "has expired",
-                _reason(err),
-            )
-            return _Next.RELIST
-        except Exception as err:
-            return self._probe_failed(cursor, err)
-        return _Next.REWATCH
+            while True:
+                self._enter(state)
+                outcome: _Outcome | None = None
+                async with aclosing(self._act(state)) as steps:
+                    async for step in steps:
+                        if isinstance(step, _Listed | _Closed | _Failed | _Done):
+                            outcome = step
+                        else:
+                            yield step
+                assert outcome is not None, f"{state.phase} ended without an outcome"
+                state = self._follow_transition(state, outcome)
+        finally:
+            if state.stream is not None:
+                await _close(state.stream)
+            self._set_phase(SourcePhase.STOPPED)
 
-    def _probe_failed(self, cursor: str, err: Exception) -> _Next:
-        logger.warning(
-            "pod cursor probe LIST at resourceVersion=%s failed, retrying the watch from it: %s",
-            cursor,
-            _reason(err),
+    def source_status(self) -> SourceStatus:
+        p = self._progress
+        now = self._clock.time()
+        times = (p.last_event_at, p.last_bookmark_at, p.watch_opened_at)
+        heard = max((t for t in times if t is not None), default=None)
+        suspect = (
+            p.phase is SourcePhase.WATCHING
+            and heard is not None
+            and now - heard > SUSPECT_AFTER_SECONDS
         )
-        return _Next.RETRY
+        return SourceStatus(
+            phase=p.phase,
+            phase_since=p.phase_since,
+            cursor=p.cursor,
+            backoff_until=p.backoff_until if p.phase is SourcePhase.BACKING_OFF else None,
+            relist_reason=p.relist_reason,
+            last_event_at=p.last_event_at,
+            last_bookmark_at=p.last_bookmark_at,
+            events=p.events,
+            lists=p.lists,
+            watches=p.watches,
+            watch_restarts=p.watch_restarts,
+            relists=dict(p.relists),
+            last_error=p.last_error,
+            last_error_at=p.last_error_at,
+            suspect=suspect,
+        )
 
-    async def _follow(self, session: _Watch) -> AsyncGenerator[SourceEvent, None]:
-        stream = self._api.stream_pods(
+    def _follow_transition(self, state: _State, outcome: _Outcome) -> _State:
+        step = _transition(state, outcome, self._caps)
+        nxt = step.state
+        if isinstance(outcome, _Failed):
+            self._progress.last_error = exception_summary(outcome.error)[:500]
+            self._progress.last_error_at = self._clock.time()
+        if nxt.phase is Phase.BACKOFF:
+            nxt = replace(nxt, delay=max(self._backoff.next_delay(), nxt.retry_after))
+        if step.relist is not None:
+            self._progress.relists[step.relist] = self._progress.relists.get(step.relist, 0) + 1
+        if step.what is not None:
+            self._log.log(step.level, "%s; %s", step.what, _next_move(nxt))
+        self._log.debug("%s -> %s", state.phase.value, _next_move(nxt))
+        return nxt
+
+    def _enter(self, state: _State) -> None:
+        p = self._progress
+        if state.phase is Phase.BACKOFF:
+            self._set_phase(SourcePhase.BACKING_OFF)
+            p.backoff_until = self._clock.time() + state.delay
+            after = state.after
+            p.relist_reason = after.relist_reason if after and after.phase in _LISTINGS else None
+        elif state.phase in _LISTINGS:
+            first = state.relist_reason is None
+            self._set_phase(SourcePhase.LISTING if first else SourcePhase.RELISTING)
+            p.relist_reason = state.relist_reason
+        else:
+            self._set_phase(SourcePhase.WATCHING)
+            p.relist_reason = None
+            p.cursor = state.cursor
+
+    def _set_phase(self, phase: SourcePhase) -> None:
+        if self._progress.phase is not phase:
+            self._progress.phase = phase
+            self._progress.phase_since = self._clock.time()
+
+    def _act(self, state: _State) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+        if state.phase is Phase.LIST:
+            return self._list()
+        if state.phase is Phase.STREAM_LIST:
+            return self._stream_list()
+        if state.phase is Phase.PROBE:
+            return self._probe(state.cursor)
+        if state.phase is Phase.WATCH:
+            return self._watch(state)
+        return self._wait(state.delay)
+
+    async def _list(self) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+        self._progress.lists += 1
+        try:
+            if self._paged is not None:
+                page = await list_in_pages(
+                    self._paged,
+                    namespace=self._namespace,
+                    label_selector=self._label_selector,
+                    log=self._log,
+                )
+            else:
+                page = await self._api.list_pods(
+                    namespace=self._namespace, label_selector=self._label_selector
+                )
+        except Exception as err:
+            yield _Failed(err)
+            return
+        yield ReplaceEvent({pod.metadata.name: pod for pod in page.pods})
+        yield _Listed(page.resource_version)
+
+    async def _stream_list(self) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+        assert self._streaming is not None
+        self._progress.lists += 1
+        started = self._clock.time()
+        stream = self._streaming.stream_pod_list(
             namespace=self._namespace,
             label_selector=self._label_selector,
-            resource_version=session.cursor,
             timeout_seconds=self._watch_timeout_seconds,
         )
+        pods: dict[str, Pod] = {}
+        cursor, frames, handed_over = "", 0, False
         try:
             async for frame in stream:
-                session.events += 1
+                frames += 1
                 if frame.type == "ERROR":
-                    self._end_on_error_frame(session, frame)
+                    yield _Failed(WatchErrorFrame(frame), cursor, frames)
                     return
-                session.cursor = frame.resource_version or session.cursor
-                event = _source_event(frame)
-                if event is not None:
-                    yield event
-        except FrameDecodeError as err:
-            self._skip_or_relist(session, err)
+                cursor = frame.resource_version or cursor
+                pod = frame.pod
+                if pod is None:
+                    if frame.initial_events_end:
+                        yield ReplaceEvent(pods)
+                        handed_over = True
+                        yield _Listed(cursor, stream)
+                        return
+                elif frame.type == "DELETED":
+                    pods.pop(pod.metadata.name, None)
+                else:
+                    pods[pod.metadata.name] = pod
         except Exception as err:
-            self._end_on_failure(session, err)
-        else:
-            self._end_on_close(session)
+            yield _Failed(err, cursor, frames, self._clock.time() - started)
+            return
+        finally:
+            if not handed_over:
+                await _close(stream)
+        yield _Closed(cursor, frames, self._clock.time() - started)
+
+    async def _probe(self, cursor: str) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+        assert self._paged is not None
+        try:
+            await self._paged.list_pod_page(
+                namespace=self._namespace,
+                label_selector=self._label_selector,
+                limit=PROBE_LIMIT,
+                resource_version=cursor,
+            )
+        except Exception as err:
+            yield _Failed(err, cursor)
+            return
+        yield _Done()
+
+    async def _watch(self, state: _State) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+        p = self._progress
+        clock = self._clock
+        started = clock.time()
+        stream = state.stream
+        p.watches += 1
+        p.watch_restarts += state.restart
+        if stream is None:
+            stream = self._api.stream_pods(
+                namespace=self._namespace,
+                label_selector=self._label_selector,
+                resource_version=state.cursor,
+                timeout_seconds=self._watch_timeout_seconds,
+            )
+        p.watch_opened_at = started
+        cursor, frames = state.cursor, 0
+        outcome: _Outcome
+        try:
+            async for frame in stream:
+                frames += 1
+                if frame.type == "ERROR":
+                    outcome = _Failed(WatchErrorFrame(frame), cursor, frames)
+                    break
+                if frame.resource_version:
+                    cursor = p.cursor = frame.resource_version
+                pod = frame.pod
+                if pod is None:
+                    p.last_bookmark_at = clock.time()
+                    continue
+                p.events += 1
+                p.last_event_at = clock.time()
+                if frame.type == "DELETED":
+                    yield DeleteEvent(pod.metadata.name, pod)
+                else:
+                    yield UpsertEvent(pod.metadata.name, pod)
+            else:
+                outcome = _Closed(cursor, frames, clock.time() - started)
+        except Exception as err:
+            outcome = _Failed(err, cursor, frames, clock.time() - started)
         finally:
             await _close(stream)
+        yield outcome
 
-    def _end_on_close(self, session: _Watch) -> None:
-        lasted = self._clock.time() - session.started
-        if session.events == 0 and lasted < VERY_SHORT_WATCH_SECONDS:
-            logger.warning(
-                "very short pod watch: closed after %.3fs with no event, resourceVersion=%s",
-                lasted,
-                session.cursor,
-            )
-            session.next = _Next.RETRY
-        elif session.events == 0:
-            session.next = _Next.PROBE
-
-    def _end_on_error_frame(self, session: _Watch, frame: PodWatchEvent) -> None:
-        session.next = _Next.RELIST if frame.rejects_cursor else _Next.RETRY
-        logger.warning(
-            "pod watch ERROR frame after resourceVersion=%s, %s: %s",
-            session.cursor,
-            "relisting" if frame.rejects_cursor else "retrying from the cursor",
-            frame.reason,
-        )
-
-    def _end_on_failure(self, session: _Watch, err: Exception) -> None:
-        rejected = isinstance(err, KubernetesApiError) and err.rejects_cursor
-        session.next = _Next.RELIST if rejected else _Next.RETRY
-        logger.warning(
-            "pod watch from resourceVersion=%s failed, %s: %s",
-            session.cursor,
-            "relisting" if rejected else "retrying from the cursor",
-            _reason(err),
-        )
-
-    def _skip_or_relist(self, session: _Watch, err: FrameDecodeError) -> None:
-        cursor = session.cursor
-        if err.resource_version is None:
-            session.next = _Next.RELIST
-            action = "unreadable, relisting"
-        elif err.event_type == "DELETED":
-            session.next = _Next.RELIST
-            action = "a deletion, relisting so the pod cannot linger"
-        else:
-            session.cursor = err.resource_version
-            action = "skipped, the store keeps its last valid copy"
-        logger.error(
-            "pod watch frame rejected after resourceVersion=%s (%s): pod=%s resourceVersion=%s "
-            "reason=%s",
-            cursor,
-            action,
-            err.name,
-            err.resource_version,
-            err.reason,
-        )
+    async def _wait(self, delay: float) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+        await self._clock.sleep(delay)
+        yield _Done()
 
 
-def _source_event(frame: PodWatchEvent) -> SourceEvent | None:
-    if frame.pod is None:
-        return None
-    name = frame.pod.metadata.name
-    if frame.type == "DELETED":
-        return DeleteEvent(name, frame.pod)
-    return UpsertEvent(name, frame.pod)
-
-
-def _reason(err: BaseException) -> str:
-    return f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+def _next_move(state: _State) -> str:
+    if state.phase is Phase.BACKOFF:
+        assert state.after is not None
+        return f"{_next_move(state.after)} in {state.delay:.2f}s"
+    if state.phase in _LISTINGS:
+        how = "streaming list" if state.phase is Phase.STREAM_LIST else "LIST"
+        if state.relist_reason is None:
+            return f"listing by {how}"
+        return f"relisting by {how} ({state.relist_reason})"
+    if state.phase is Phase.PROBE:
+        return f"probing resourceVersion={state.cursor} before re-watching"
+    return f"watching from resourceVersion={state.cursor}"
 
 
 async def _close(stream: AsyncIterator[PodWatchEvent]) -> None:

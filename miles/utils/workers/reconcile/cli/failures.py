@@ -7,7 +7,7 @@ import json
 import ssl
 from typing import Any
 
-from miles.utils.workers.reconcile.k8s_api import KubernetesApiError
+from miles.utils.workers.reconcile.k8s_api import KubernetesApiError, KubernetesConnectionError
 
 USAGE_EXIT = 2
 KUBERNETES_EXTRA = frozenset({"kubernetes_asyncio", "aiohttp"})
@@ -27,6 +27,10 @@ def describe_failure(exc: BaseException) -> str | None:
         return "timed out waiting for the apiserver"
     if isinstance(exc, KubernetesApiError):
         return _describe_status(exc.code, exc.message or exc.reason)
+    if isinstance(exc, KubernetesConnectionError):
+        cause = exc.__cause__
+        described = describe_failure(cause) if cause is not None else None
+        return described or f"talking to the apiserver failed: {exc}"
     described = _describe_kubernetes_failure(exc) or _describe_connection_failure(exc)
     if described is None and isinstance(exc, ssl.SSLError):
         return f"TLS setup failed: {_ssl_reason(exc)}; check the kubeconfig's certificates"

@@ -7,6 +7,7 @@ apiserver never sends, bytes shaped like them. Every timeout is a fraction of a 
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 import ssl
@@ -14,11 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from types import SimpleNamespace
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.watch import Watch
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import (
     bookmark,
@@ -33,9 +37,14 @@ from miles.utils.workers.reconcile.k8s_api import (
     FrameDecodeError,
     KubernetesApiError,
     KubernetesAsyncioPodApi,
+    KubernetesConnectionError,
+    PodListPage,
     PodWatchEvent,
+    exception_keeps_cursor,
+    exception_rejects_cursor,
 )
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.source_event import ReplaceEvent, SourceEvent, UpsertEvent
 
 TOKEN = "sekret-bearer-token-0123456789"
@@ -299,8 +308,9 @@ async def test_list_that_goes_silent_ends_by_its_read_timeout() -> None:
     server = Apiserver()  # never answers
     async with serving(server, list_read_timeout=0.2) as api:
         listing = await _ended(api.list_pods(namespace="ns", label_selector=""))
-    with pytest.raises(TimeoutError):
+    with pytest.raises(KubernetesConnectionError, match="client deadline") as err:
         listing.result()
+    assert not err.value.refused
 
 
 async def test_watch_sends_cursor_bookmarks_and_timeout_and_reads_every_type() -> None:
@@ -338,14 +348,34 @@ async def test_watch_sends_cursor_bookmarks_and_timeout_and_reads_every_type() -
     assert query["labelSelector"] == "x=y"
 
 
-@pytest.mark.parametrize(("code", "rejects"), [(410, True), (504, True), (500, False)])
-async def test_error_frame_reaches_the_caller_in_band(code: int, rejects: bool) -> None:
+@pytest.mark.parametrize(
+    ("code", "reason", "rejects"),
+    [(410, "Expired", True), (504, "Timeout", True), (500, "InternalError", False)],
+)
+async def test_error_frame_reaches_the_caller_in_band(
+    code: int, reason: str, rejects: bool
+) -> None:
     """KA would raise ``ApiException`` here; decoding ourselves yields the ERROR frame instead."""
-    server = Apiserver(watches=[stream(frame("ERROR", status(code, "Expired")))])
+    server = Apiserver(watches=[stream(frame("ERROR", status(code, reason)))])
     async with serving(server) as api:
         (event,) = await collect(api)
-    assert (event.type, event.pod, event.rejects_cursor) == ("ERROR", None, rejects)
-    assert event.reason.startswith(f"{code} Expired")
+    assert (event.type, event.pod, event.rejects_cursor, event.code) == (
+        "ERROR",
+        None,
+        rejects,
+        code,
+    )
+    assert event.reason.startswith(f"{code} {reason}")
+
+
+async def test_error_frame_whose_reason_alone_says_expired_rejects_the_cursor() -> None:
+    """Row: apimachinery's ``IsResourceExpired`` keys on the reason; a Status with no code but
+    reason Expired is a dead cursor too."""
+    expired = {"kind": "Status", "status": "Failure", "reason": "Expired", "message": "too old"}
+    server = Apiserver(watches=[stream(frame("ERROR", expired))])
+    async with serving(server) as api:
+        (event,) = await collect(api)
+    assert (event.type, event.code, event.rejects_cursor) == ("ERROR", None, True)
 
 
 @pytest.mark.parametrize("code", [410, 504])
@@ -410,22 +440,145 @@ async def test_two_megabyte_pod_arrives_whole() -> None:
     assert len(event.pod.metadata.annotations["miles.io/padding"]) == 2 * 2**20
 
 
-async def test_connection_that_stalls_mid_line_is_ended_by_the_read_timeout() -> None:
+async def collect_until_failure(
+    api: KubernetesAsyncioPodApi, *, timeout_seconds: int = 0
+) -> tuple[list[PodWatchEvent], BaseException | None]:
+    """The events a watch yielded before it ended, and the exception it ended with, if any."""
+    events: list[PodWatchEvent] = []
+    try:
+        async for event in api.stream_pods(
+            namespace="ns",
+            label_selector="",
+            resource_version="100",
+            timeout_seconds=timeout_seconds,
+        ):
+            events.append(event)
+    except Exception as err:
+        return events, err
+    return events, None
+
+
+def broken_chunk(*frames: bytes, close: bool) -> Handler:
+    """Writes ``frames`` as proper chunks, then a chunk whose size line promises more bytes than
+    follow; then closes the socket, or (``close=False``) holds it open and silent, as a proxy or a
+    peer gone without a FIN does."""
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "application/json"
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for data in frames:
+            await resp.write(data)
+        transport = request.transport
+        assert transport is not None
+        transport.write(b'ffff\r\n{"type":"ADDED","obj')
+        await asyncio.sleep(0.05 if close else 3600.0)
+        transport.close()
+        return resp
+
+    return respond
+
+
+async def test_connection_that_stalls_mid_line_is_ended_by_the_client_deadline() -> None:
     """Guard: ``timeout_seconds`` + margin bounds every watch, so a half-open socket ends."""
     line = frame("ADDED", realistic_pod("a", resource_version="101"))
     server = Apiserver(watches=[stream(line, line[:100], 3600.0)])
     async with serving(server, watch_read_margin=0.3) as api:
-        events = (await _ended(collect(api))).result()
+        events, failure = (await _ended(collect_until_failure(api))).result()
     assert [e.resource_version for e in events] == ["101"]
+    assert isinstance(failure, KubernetesConnectionError)
+    assert "client deadline" in str(failure)
 
 
-async def test_connection_closed_mid_frame_ends_the_stream_cleanly() -> None:
-    """Go's StreamWatcher treats an unexpected EOF as a close: events so far stand, no error."""
+async def test_silent_watch_ends_at_the_read_idle_deadline_whatever_its_timeout() -> None:
+    """Row "read-idle deadline": a watch asked for 300 s that goes silent after one frame ends
+    ``watch_idle_timeout`` later, long before its ``timeout_seconds`` + margin."""
+    line = frame("ADDED", realistic_pod("a", resource_version="101"))
+    server = Apiserver(watches=[stream(line, 3600.0)])
+    async with serving(server, watch_idle_timeout=0.3, watch_read_margin=60.0) as api:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        events, failure = (await _ended(collect_until_failure(api, timeout_seconds=300))).result()
+        lasted = loop.time() - started
+    assert [e.resource_version for e in events] == ["101"]
+    assert isinstance(failure, KubernetesConnectionError)
+    assert failure.idle
+    assert lasted < 10.0
+
+
+async def test_idle_deadline_restarts_with_every_chunk() -> None:
+    """The deadline is for silence, not for the whole watch: frames 0.2 s apart under a 0.3 s
+    deadline all arrive, and the watch ends when the server ends it."""
+    lines = [
+        frame("ADDED", realistic_pod(f"p{i}", resource_version=str(101 + i))) for i in range(4)
+    ]
+    server = Apiserver(watches=[stream(lines[0], 0.2, lines[1], 0.2, lines[2], 0.2, lines[3])])
+    async with serving(server, watch_idle_timeout=0.3) as api:
+        events, failure = await collect_until_failure(api, timeout_seconds=300)
+    assert [e.resource_version for e in events] == ["101", "102", "103", "104"]
+    assert failure is None
+
+
+@pytest.mark.parametrize("close", [True, False], ids=["then closed", "then silent"])
+async def test_broken_chunk_mid_watch_ends_within_the_idle_deadline(close: bool) -> None:
+    """A chunk whose size line lies: if the socket then closes, aiohttp reports the short body;
+    if it stays open and silent, aiohttp's body reader waits for the promised bytes forever, and
+    the read-idle deadline ends the watch. Either way the frames that arrived whole stand and the
+    watch ends with a ``KubernetesConnectionError``, long before ``timeout_seconds``."""
+    line = frame("ADDED", realistic_pod("a", resource_version="101"))
+    server = Apiserver(watches=[broken_chunk(line, close=close)])
+    async with serving(server, watch_idle_timeout=0.5, watch_read_margin=60.0) as api:
+        events, failure = (await _ended(collect_until_failure(api, timeout_seconds=300))).result()
+    assert [e.resource_version for e in events] == ["101"]
+    assert isinstance(failure, KubernetesConnectionError)
+    assert failure.idle is not close
+
+
+async def test_connection_closed_mid_frame_ends_the_stream_with_a_connection_error() -> None:
+    """The frames before the cut stand; the cut itself is a ``KubernetesConnectionError`` (never
+    an aiohttp exception), which the reflector reads as a broken connection and re-watches."""
     line = frame("ADDED", realistic_pod("a", resource_version="101"))
     server = Apiserver(watches=[stream(line, line[:100], cut=True)])
     async with serving(server) as api:
-        events = await collect(api)
+        events, failure = await collect_until_failure(api)
     assert [e.resource_version for e in events] == ["101"]
+    assert isinstance(failure, KubernetesConnectionError)
+    assert not failure.refused
+
+
+async def test_connection_refused_is_a_connection_error_that_keeps_the_cursor() -> None:
+    """Row ``isWatchErrorRetriable``: a refused connection is translated at the transport into
+    ``KubernetesConnectionError(refused=True)``, which ``exception_keeps_cursor`` accepts."""
+    config = Configuration(host="http://127.0.0.1:1")
+    async with ApiClient(configuration=config) as client:
+        api = KubernetesAsyncioPodApi(core_v1_api=CoreV1Api(client))
+        events, failure = await collect_until_failure(api)
+        with pytest.raises(KubernetesConnectionError) as on_list:
+            await api.list_pods(namespace="ns", label_selector="")
+    assert events == []
+    assert isinstance(failure, KubernetesConnectionError)
+    assert failure.refused
+    assert on_list.value.refused
+    assert exception_keeps_cursor(failure)
+    assert not exception_rejects_cursor(failure)
+
+
+async def test_retry_after_of_a_429_is_carried_on_the_error() -> None:
+    async def throttled(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=pod_bytes(status(429, "TooManyRequests")),
+            status=429,
+            content_type="application/json",
+            headers={"Retry-After": "5"},
+        )
+
+    server = Apiserver(watches=[throttled])
+    async with serving(server) as api:
+        _, failure = await collect_until_failure(api)
+    assert isinstance(failure, KubernetesApiError)
+    assert (failure.code, failure.retry_after) == (429, 5.0)
+    assert exception_keeps_cursor(failure)
 
 
 async def test_reflector_end_to_end_never_logs_the_bearer_token(
@@ -481,3 +634,188 @@ async def _ended(work: Awaitable[_T]) -> asyncio.Future[_T]:
 
 _T = TypeVar("_T")
 _HANG_GUARD_SECONDS = 20.0
+
+
+class WatchPodApi:
+    """A contract-minimal ``KubernetesPodApi`` written the way a ``kubernetes_asyncio`` user
+    would: its own models for the LIST, its own ``Watch`` for the stream, and
+    ``PodWatchEvent.from_frame`` for each frame. ``Watch`` raises ``ApiException`` for an ERROR
+    frame, which the reflector reads with ``exception_rejects_cursor``."""
+
+    def __init__(self, core: CoreV1Api) -> None:
+        self._core = core
+
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        pods = await self._core.list_namespaced_pod(namespace, label_selector=label_selector)
+        return PodListPage(
+            tuple(Pod.model_validate(p) for p in pods.items), pods.metadata.resource_version
+        )
+
+    async def stream_pods(
+        self, *, namespace: str, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[PodWatchEvent]:
+        async with Watch() as watch:
+            async for frame in watch.stream(
+                self._core.list_namespaced_pod,
+                namespace,
+                label_selector=label_selector,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                allow_watch_bookmarks=True,
+            ):
+                yield PodWatchEvent.from_frame(event_type=frame["type"], obj=frame["object"])
+
+
+async def test_a_pod_api_over_kubernetes_asyncio_watch_relists_on_a_410() -> None:
+    """Issue 11.3: the reflector over ``WatchPodApi`` follows a watch, meets the ERROR 410 that
+    ``Watch`` raises as ``ApiException(status=410)``, relists, and watches from the new cursor."""
+    server = Apiserver(
+        lists=[
+            body(list_body([realistic_pod("a"), realistic_pod("b")], "100")),
+            body(list_body([realistic_pod("b", resource_version="150")], "200")),
+        ],
+        watches=[
+            stream(
+                frame("ADDED", realistic_pod("c", resource_version="101")),
+                bookmark("102"),
+                frame("ERROR", status(410, "Expired", "too old resource version: 100 (150)")),
+            )
+        ],
+    )
+    events: list[SourceEvent] = []
+    async with serving(server) as built_in:
+        api = WatchPodApi(built_in._core)
+        reflector = KubernetesReflector(
+            kube_client=api,
+            namespace="ns",
+            label_selector="app=miles",
+            retry_delay=0.01,
+            clock=RealClock(),
+        )
+        source = reflector.watch()
+        for _ in range(3):
+            events.append(await asyncio.wait_for(anext(source), 5.0))
+        with pytest.raises(TimeoutError):  # the next watch opens, and waits for frames
+            await asyncio.wait_for(anext(source), 0.5)
+        await source.aclose()  # type: ignore[attr-defined]
+    first, added, relisted = events
+    assert isinstance(first, ReplaceEvent)
+    assert sorted(first.objects) == ["a", "b"]
+    assert isinstance(added, UpsertEvent)
+    assert added.key == "c"
+    assert isinstance(relisted, ReplaceEvent)
+    assert list(relisted.objects) == ["b"]
+    watches = [r.query for r in server.requests if r.query.get("watch", "").lower() == "true"]
+    assert [w["resourceVersion"] for w in watches] == ["100", "200"]
+    assert reflector.source_status().relists == {"cursor expired": 1}
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        realistic_pod("a", resource_version="7"),
+        Pod.model_validate(realistic_pod("a", resource_version="7")).model_dump(),
+    ],
+    ids=["camelCase dict", "snake_case dict"],
+)
+def test_from_frame_reads_a_pod_frame_from_a_dict(obj: Any) -> None:
+    event = PodWatchEvent.from_frame(event_type="MODIFIED", obj=obj)
+    assert (event.type, event.resource_version) == ("MODIFIED", "7")
+    assert event.pod is not None
+    assert event.pod.metadata.name == "a"
+
+
+async def test_from_frame_reads_a_kubernetes_asyncio_model() -> None:
+    raw = realistic_pod("a", resource_version="7")
+    async with ApiClient() as client:
+        model = client.deserialize(SimpleNamespace(data=json.dumps(raw)), "V1Pod")
+    event = PodWatchEvent.from_frame(event_type="ADDED", obj=model)
+    assert event.pod is not None
+    assert (event.pod.metadata.name, event.resource_version) == ("a", "7")
+    assert event.pod.status.container_statuses[0].name == "engine"
+
+
+def test_from_frame_reads_bookmarks_and_errors() -> None:
+    end = {
+        "kind": "Pod",
+        "metadata": {"resourceVersion": "9", "annotations": {"k8s.io/initial-events-end": "true"}},
+    }
+    marked = PodWatchEvent.from_frame(event_type="BOOKMARK", obj=end)
+    plain = PodWatchEvent.from_frame(
+        event_type="BOOKMARK", obj={"metadata": {"resourceVersion": "8"}}
+    )
+    failed = PodWatchEvent.from_frame(event_type="ERROR", obj=status(410, "Expired"))
+    assert (marked.resource_version, marked.initial_events_end) == ("9", True)
+    assert (plain.resource_version, plain.initial_events_end) == ("8", False)
+    assert (failed.type, failed.code, failed.rejects_cursor) == ("ERROR", 410, True)
+
+
+def test_from_frame_rejects_what_it_cannot_read() -> None:
+    broken = realistic_pod("a", resource_version="7")
+    del broken["metadata"]["name"]
+    with pytest.raises(FrameDecodeError) as invalid:
+        PodWatchEvent.from_frame(event_type="ADDED", obj=broken)
+    with pytest.raises(FrameDecodeError) as unreadable:
+        PodWatchEvent.from_frame(event_type="ADDED", obj=None)
+    with pytest.raises(FrameDecodeError) as unknown:
+        PodWatchEvent.from_frame(event_type="SOMETHING", obj={})
+    assert (invalid.value.resource_version, invalid.value.event_type) == ("7", "ADDED")
+    assert unreadable.value.resource_version is None
+    assert unknown.value.resource_version is None
+    assert "SOMETHING" in unknown.value.reason
+
+
+class _Coded(Exception):
+    def __init__(self, **attributes: Any) -> None:
+        super().__init__("coded")
+        self.__dict__.update(attributes)
+
+
+@pytest.mark.parametrize(
+    ("exc", "rejects"),
+    [
+        (KubernetesApiError(410, "Expired"), True),
+        (KubernetesApiError(504, "Timeout"), True),
+        (KubernetesApiError(500, "Gone"), True),
+        (KubernetesApiError(500, "InternalError"), False),
+        (ApiException(status=410, reason="Expired: too old"), True),
+        (ApiException(status=504), True),
+        (ApiException(status=500, reason="Expired: too old"), True),
+        (ApiException(status=500, reason="InternalError"), False),
+        (_Coded(code=504), True),
+        (_Coded(code=True), False),
+        (_Coded(status="410"), False),
+        (_Coded(body=json.dumps(status(500, "Gone"))), True),
+        (_Coded(body="<html>"), False),
+        (ConnectionResetError("reset"), False),
+    ],
+)
+def test_exception_rejects_cursor_is_one_rule_for_every_shape(
+    exc: BaseException, rejects: bool
+) -> None:
+    assert exception_rejects_cursor(exc) is rejects
+
+
+@pytest.mark.parametrize(
+    ("exc", "keeps"),
+    [
+        (KubernetesApiError(429, "TooManyRequests"), True),
+        (ApiException(status=429), True),
+        (KubernetesConnectionError("x", refused=True), True),
+        (ConnectionRefusedError(111, "refused"), True),
+        (KubernetesApiError(500, "InternalError"), False),
+        (KubernetesConnectionError("cut short"), False),
+        (KubernetesApiError(410, "Expired"), False),
+    ],
+)
+def test_exception_keeps_cursor_is_gos_is_watch_error_retriable(
+    exc: BaseException, keeps: bool
+) -> None:
+    assert exception_keeps_cursor(exc) is keeps
+
+
+def test_a_refusal_wrapped_in_another_exception_keeps_the_cursor() -> None:
+    wrapped = RuntimeError("watch failed")
+    wrapped.__cause__ = OSError(errno.ECONNREFUSED, "Connect call failed")
+    assert exception_keeps_cursor(wrapped)
+    assert not exception_keeps_cursor(RuntimeError("watch failed"))

@@ -21,7 +21,7 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
     realistic_pod,
     status,
 )
-from miles.utils.workers.reconcile import k8s_api
+from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_api import (
     FrameDecodeError,
@@ -132,7 +132,7 @@ def test_list_decode_pauses_the_collector_and_restores_its_state(
     the cyclic collector off, and it is left enabled or disabled as it was, whether the body
     decodes, has a bad item, or raises."""
     seen: list[bool] = []
-    for model in (k8s_api._PodList, k8s_api._RawPodList):
+    for model in (k8s_wire._PodList, k8s_wire._RawPodList):
         validate = model.model_validate_json
 
         def spy(data: bytes, _validate: Any = validate) -> Any:
@@ -179,15 +179,7 @@ class DecodingFakeApi:
         self.opened = 0
         self.drained = asyncio.Event()
 
-    async def list_pods(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        resource_version: str | None = None,
-        limit: int | None = None,
-        continue_token: str | None = None,
-    ) -> PodListPage:
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
         return PodListPage((), "1")
 
     async def stream_pods(
@@ -225,7 +217,7 @@ async def _drive(watches: list[list[bytes]]) -> None:
 
     task = asyncio.create_task(pump())
     for _ in range(4 * len(watches) + 4):
-        await clock.advance(1.0)
+        await clock.advance(60.0)  # past any backoff step (capped at 30 s, jitter 1.0)
         if api.drained.is_set():
             break
     assert api.drained.is_set(), "every scripted watch was opened"

@@ -1,37 +1,54 @@
-"""Fast layer: ``KubernetesReflector`` row by row, on a scripted pod API and a fake clock."""
+"""Fast layer: ``KubernetesReflector`` row by row, on a scripted pod API and a fake clock.
+
+Backoff steps carry jitter 1.0, so step ``n`` (from 1) waits in ``[R·2^(n-1), R·2^n)`` for
+``R = retry_delay``: a test advances to just before the lower bound (nothing happened yet) and then
+to the upper bound (it has happened).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import (
+    ContractPodApi,
     FakePodApi,
     PageCall,
     ProbeCall,
     Step,
+    StreamingFakePodApi,
     pod,
 )
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_api import (
     FrameDecodeError,
     KubernetesApiError,
+    KubernetesConnectionError,
     PodListPage,
     PodWatchEvent,
+    decode_watch_line,
 )
-from miles.utils.workers.reconcile.k8s_reflector import LIST_PAGE_SIZE, KubernetesReflector
+from miles.utils.workers.reconcile.k8s_reflector import (
+    LIST_PAGE_SIZE,
+    SUSPECT_AFTER_SECONDS,
+    KubernetesReflector,
+)
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,
     SourceEvent,
     UpsertEvent,
 )
+from miles.utils.workers.reconcile.status import SourcePhase, StatusReporter
 
 RETRY = 2.0
+EPS = 0.01
 
 
 def added(name: str, rv: str) -> PodWatchEvent:
@@ -46,12 +63,12 @@ def deleted(name: str, rv: str) -> PodWatchEvent:
     return PodWatchEvent("DELETED", pod(name, resource_version=rv), rv)
 
 
-def bookmark(rv: str) -> PodWatchEvent:
-    return PodWatchEvent("BOOKMARK", None, rv)
+def bookmark(rv: str, *, initial_events_end: bool = False) -> PodWatchEvent:
+    return PodWatchEvent("BOOKMARK", None, rv, initial_events_end=initial_events_end)
 
 
 def error(code: int) -> PodWatchEvent:
-    return PodWatchEvent("ERROR", None, None, rejects_cursor=code in (410, 504))
+    return PodWatchEvent("ERROR", None, None, rejects_cursor=code in (410, 504), code=code)
 
 
 def page(rv: str, *names: str, more: str | None = None) -> PodListPage:
@@ -64,6 +81,11 @@ def hold(clock: FakeClock, seconds: float) -> Step:
     return lambda: clock.sleep(seconds)
 
 
+async def step_waited(clock: FakeClock, n: int = 1) -> None:
+    """Advances through the whole of backoff step ``n``, having checked nothing before it."""
+    await clock.advance(RETRY * 2 ** (n - 1) * 2)
+
+
 class Consumer:
     def __init__(self, events: AsyncIterator[SourceEvent]) -> None:
         self.events: list[SourceEvent] = []
@@ -74,18 +96,25 @@ class Consumer:
         async for event in self._source:
             self.events.append(event)
 
+    def replaces(self) -> list[ReplaceEvent]:
+        return [e for e in self.events if isinstance(e, ReplaceEvent)]
 
-@asynccontextmanager
-async def running(api: FakePodApi, clock: FakeClock) -> AsyncIterator[Consumer]:
-    reflector = KubernetesReflector(
+
+def reflector_over(api: Any, clock: FakeClock, **kwargs: Any) -> KubernetesReflector:
+    return KubernetesReflector(
         kube_client=api,
         namespace="ns",
         label_selector="app=miles",
         watch_timeout_seconds=120,
         retry_delay=RETRY,
         clock=clock,
+        **kwargs,
     )
-    consumer = Consumer(reflector.watch())
+
+
+@asynccontextmanager
+async def running(api: Any, clock: FakeClock, **kwargs: Any) -> AsyncIterator[Consumer]:
+    consumer = Consumer(reflector_over(api, clock, **kwargs).watch())
     await clock.advance(0)
     try:
         yield consumer
@@ -95,12 +124,21 @@ async def running(api: FakePodApi, clock: FakeClock) -> AsyncIterator[Consumer]:
     assert not consumer.task.done() or consumer.task.cancelled(), "watch() ended on its own"
 
 
+def cursors(api: ContractPodApi) -> list[str]:
+    return [c.resource_version for c in api.watch_calls]
+
+
+def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# --- listing and watching -------------------------------------------------------------------
+
+
 async def test_first_list_is_one_replace_event_keyed_by_pod_name() -> None:
     api = FakePodApi(lists=[page("10", "a", "b")])
-    clock = FakeClock()
-    async with running(api, clock) as run:
-        assert len(run.events) == 1
-        replace = run.events[0]
+    async with running(api, FakeClock()) as run:
+        (replace,) = run.events
         assert isinstance(replace, ReplaceEvent)
         assert sorted(replace.objects) == ["a", "b"]
         assert replace.objects["a"].metadata.resource_version == "10"
@@ -108,12 +146,12 @@ async def test_first_list_is_one_replace_event_keyed_by_pod_name() -> None:
 
 
 async def test_watch_starts_at_list_cursor_and_always_sends_timeout() -> None:
-    """Row: WATCH from the list's resourceVersion, with ``timeout_seconds`` always sent."""
-    api = FakePodApi(lists=[page("10")], watches=[[]])
+    api = FakePodApi(lists=[page("10")], watches=[])
     async with running(api, FakeClock()):
-        call = api.watch_calls[0]
+        (call,) = api.watch_calls
         assert (call.namespace, call.label_selector) == ("ns", "app=miles")
         assert (call.resource_version, call.timeout_seconds) == ("10", 120)
+        assert api.probe_calls == [], "a fresh LIST's cursor is not probed"
 
 
 async def test_pod_frames_become_upserts_and_deleted_carries_the_last_object() -> None:
@@ -130,72 +168,61 @@ async def test_pod_frames_become_upserts_and_deleted_carries_the_last_object() -
         assert (dele.key, dele.last_obj.metadata.resource_version) == ("a", "13")
 
 
-async def test_clean_close_rewatches_from_cursor_without_relisting() -> None:
-    """Row: a clean close re-watches at the cursor (1:1 with client-go, not 'Dropped')."""
+async def test_clean_close_probes_then_rewatches_from_the_cursor_without_relisting() -> None:
+    """Rows: a clean close re-watches at the cursor (1:1 with client-go), and every re-watch is
+    preceded by a probe of that cursor (invariant 4), even when the watch delivered frames."""
     api = FakePodApi(lists=[page("10")], watches=[[added("a", "11")], [modified("a", "12")]])
     async with running(api, FakeClock()) as run:
-        assert [c.resource_version for c in api.watch_calls] == ["10", "11", "12"]
+        assert cursors(api) == ["10", "11", "12"]
+        assert [p.resource_version for p in api.probe_calls] == ["11", "12"]
+        assert all(p.limit == 1 for p in api.probe_calls)
         assert len(api.list_calls) == 1
-        assert sum(isinstance(e, ReplaceEvent) for e in run.events) == 1
+        assert len(run.replaces()) == 1
 
 
 async def test_bookmark_advances_cursor_and_emits_nothing() -> None:
     api = FakePodApi(lists=[page("10")], watches=[[bookmark("50")]])
     async with running(api, FakeClock()) as run:
         assert [type(e) for e in run.events] == [ReplaceEvent]
-        assert [c.resource_version for c in api.watch_calls] == ["10", "50"]
+        assert cursors(api) == ["10", "50"]
 
 
-async def test_very_short_empty_watch_waits_retry_delay() -> None:
-    """Guard (Go ``VeryShortWatchError``): closed in under 1 s with no event is a failure."""
+async def test_very_short_empty_watch_waits_one_backoff_step() -> None:
+    """Guard (Go ``VeryShortWatchError``): closed in under 1 s with no frame is a failure."""
     clock = FakeClock()
     api = FakePodApi(lists=[page("10")], watches=[[], []])
     async with running(api, clock):
         assert len(api.watch_calls) == 1
-        await clock.advance(RETRY - 0.1)
+        await clock.advance(RETRY - EPS)
         assert len(api.watch_calls) == 1
-        await clock.advance(0.1)
-        assert [c.resource_version for c in api.watch_calls] == ["10", "10"]
+        assert api.probe_calls == []
+        await step_waited(clock)
+        assert cursors(api) == ["10", "10"]
         assert len(api.list_calls) == 1
 
 
-async def test_very_short_empty_watch_is_not_probed() -> None:
-    """The very-short guard's retry comes first: a probe is only for a watch that lasted."""
-    clock = FakeClock()
-    api = FakePodApi(lists=[page("10")], watches=[[], []])
-    async with running(api, clock):
-        await clock.advance(RETRY)
-        assert len(api.watch_calls) == 2
-        assert api.probe_calls == []
-
-
-async def test_empty_watch_probes_its_cursor_with_a_one_item_list() -> None:
-    """Row ``isTooLargeResourceVersionError``: a watch that lasted and closed cleanly with no frame
-    is followed by one LIST of at most one pod not older than the cursor, before any re-watch."""
+async def test_empty_watch_that_lasted_is_probed_and_rewatched_at_once() -> None:
     clock = FakeClock()
     api = FakePodApi(lists=[page("10")], watches=[[hold(clock, 1.0)]])
     async with running(api, clock):
         await clock.advance(1.0)
         assert api.probe_calls == [ProbeCall("ns", "app=miles", "10", 1)]
-        assert len(api.watch_calls) == 1
-        assert len(api.list_calls) == 1
+        assert cursors(api) == ["10", "10"]
 
 
-async def test_probe_success_rewatches_from_the_same_cursor_at_once_and_feeds_nothing() -> None:
-    """An accepted cursor is re-watched with no delay and no relist; the probe's page is a check,
-    not a listing, so the pod it returned never reaches the stream."""
+async def test_probe_success_feeds_nothing() -> None:
+    """The probe's page is a check, not a listing: the pod it returned never reaches the stream."""
     clock = FakeClock()
     api = FakePodApi(
         lists=[page("10", "a")],
         watches=[[hold(clock, 1.0)], [added("b", "11")]],
-        probes=[page("30", "c")],
+        probes=[page("30", "c", more="t9")],
     )
     async with running(api, clock) as run:
         await clock.advance(1.0)
-        assert [c.resource_version for c in api.watch_calls] == ["10", "10", "11"]
-        assert len(api.list_calls) == 1
+        assert cursors(api)[:3] == ["10", "10", "11"]
         assert [getattr(e, "key", None) for e in run.events] == [None, "b"]
-        assert len(api.probe_calls) == 1
+        assert api.page_calls == [PageCall(LIST_PAGE_SIZE, None)], "the probe is not paged"
 
 
 @pytest.mark.parametrize(("code", "reason"), [(504, "Timeout"), (410, "Expired")])
@@ -203,122 +230,255 @@ async def test_probe_rejecting_the_cursor_relists_with_one_log_line(
     code: int, reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A rolled-back server answers the probe with 504 (cause ResourceVersionTooLarge): one
-    warning names the cursor and the reason, and a consistent relist follows after
-    ``retry_delay``; the watch then opens from the relist's cursor."""
+    warning names the cursor, the reason and what comes next, and a consistent relist follows
+    one backoff step later; the watch then opens from the relist's cursor."""
     clock = FakeClock()
     api = FakePodApi(
         lists=[page("900", "a"), page("20", "a", "b")],
-        watches=[[hold(clock, 1.0)]],
+        watches=[[added("a", "901")]],
         probes=[KubernetesApiError(code, reason, "Too large resource version")],
     )
     with caplog.at_level(logging.WARNING):
         async with running(api, clock) as run:
-            await clock.advance(1.0)
             assert len(api.list_calls) == 1
-            await clock.advance(RETRY)
+            await clock.advance(RETRY - EPS)
+            assert len(api.list_calls) == 1
+            await step_waited(clock)
             assert len(api.list_calls) == 2
-            last = run.events[-1]
-            assert isinstance(last, ReplaceEvent)
-            assert sorted(last.objects) == ["a", "b"]
-            assert [c.resource_version for c in api.watch_calls] == ["900", "20"]
-    (line,) = [r.getMessage() for r in caplog.records if "relisting" in r.getMessage()]
-    assert "resourceVersion=900" in line
+            assert sorted(run.replaces()[-1].objects) == ["a", "b"]
+            assert cursors(api) == ["900", "20"]
+    (line,) = warnings(caplog)
+    assert "resourceVersion=901" in line
     assert f"HTTP {code} {reason}" in line
+    assert "relisting by LIST" in line
 
 
-@pytest.mark.parametrize(
-    "failure", [KubernetesApiError(500, "InternalError"), ConnectionResetError("reset")]
-)
-async def test_probe_failure_retries_the_watch_from_the_cursor(failure: Exception) -> None:
-    """A probe that fails for any other reason says nothing about the cursor: the watch is
-    retried from it after ``retry_delay``, with no relist."""
-    clock = FakeClock()
-    api = FakePodApi(lists=[page("10")], watches=[[hold(clock, 1.0)]], probes=[failure])
-    async with running(api, clock):
-        await clock.advance(1.0)
-        assert len(api.probe_calls) == 1
-        await clock.advance(RETRY - 0.1)
-        assert len(api.watch_calls) == 1
-        await clock.advance(0.1)
-        assert [c.resource_version for c in api.watch_calls] == ["10", "10"]
-        assert len(api.list_calls) == 1
-
-
-@pytest.mark.parametrize("first", [bookmark("50"), added("a", "50")])
-async def test_watch_with_any_frame_triggers_no_probe(first: PodWatchEvent) -> None:
-    """A bookmark or an event proves the server is past the cursor: re-watch, no probe."""
-    clock = FakeClock()
-    api = FakePodApi(lists=[page("10")], watches=[[first, hold(clock, 1.0)]])
-    async with running(api, clock):
-        await clock.advance(1.0)
-        assert [c.resource_version for c in api.watch_calls] == ["10", "50"]
-        assert api.probe_calls == []
-
-
-@pytest.mark.parametrize("code", [410, 504])
-async def test_error_frame_rejecting_cursor_relists(code: int) -> None:
-    """Row: an in-band ERROR 410/504 relists (consistent LIST) after ``retry_delay``."""
+async def test_probe_failing_otherwise_relists_after_a_backoff_step() -> None:
+    """A probe answered 500 says the server cannot vouch for the cursor: relist, as client-go
+    relists after a non-retriable watch error."""
     clock = FakeClock()
     api = FakePodApi(
-        lists=[page("10", "a"), page("90", "b")], watches=[[added("c", "11"), error(code)]]
+        lists=[page("10"), page("30", "z")],
+        watches=[[hold(clock, 1.0)]],
+        probes=[KubernetesApiError(500, "InternalError")],
     )
     async with running(api, clock) as run:
-        assert len(api.list_calls) == 1
-        await clock.advance(RETRY)
+        await clock.advance(1.0)
+        assert len(api.probe_calls) == 1
+        await step_waited(clock)
         assert len(api.list_calls) == 2
-        last = run.events[-1]
-        assert isinstance(last, ReplaceEvent)
-        assert list(last.objects) == ["b"]
-        assert [c.resource_version for c in api.watch_calls] == ["10", "90"]
-
-
-@pytest.mark.parametrize("code", [410, 504])
-async def test_http_status_rejecting_cursor_relists(code: int) -> None:
-    clock = FakeClock()
-    api = FakePodApi(lists=[page("10"), page("90")], watches=[KubernetesApiError(code, "Expired")])
-    async with running(api, clock):
-        await clock.advance(RETRY)
-        assert len(api.list_calls) == 2
-        assert [c.resource_version for c in api.watch_calls] == ["10", "90"]
+        assert list(run.replaces()[-1].objects) == ["z"]
 
 
 @pytest.mark.parametrize(
     "failure",
     [
-        KubernetesApiError(500, "InternalError"),
         KubernetesApiError(429, "TooManyRequests"),
+        KubernetesConnectionError("refused", refused=True),
+        ConnectionResetError("reset"),
+    ],
+)
+async def test_probe_throttled_or_unreachable_probes_again_after_a_backoff_step(
+    failure: Exception,
+) -> None:
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10")], watches=[[hold(clock, 1.0)]], probes=[failure])
+    async with running(api, clock):
+        await clock.advance(1.0)
+        assert len(api.probe_calls) == 1
+        await step_waited(clock)
+        assert [p.resource_version for p in api.probe_calls] == ["10", "10"]
+        assert cursors(api) == ["10", "10"]
+        assert len(api.list_calls) == 1
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [410, 504])
+async def test_error_frame_rejecting_cursor_relists(code: int) -> None:
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("10", "a"), page("90", "b")], watches=[[added("c", "11"), error(code)]]
+    )
+    async with running(api, clock) as run:
+        await clock.advance(RETRY - EPS)
+        assert len(api.list_calls) == 1
+        await step_waited(clock)
+        assert len(api.list_calls) == 2
+        assert list(run.replaces()[-1].objects) == ["b"]
+        assert cursors(api) == ["10", "90"]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        KubernetesApiError(410, "Expired"),
+        KubernetesApiError(504, "Timeout"),
+        KubernetesApiError(500, "Expired"),
+        type("ApiException", (Exception,), {"status": 410})(),
+    ],
+    ids=["410", "504", "reason Expired", "ApiException(status=410)"],
+)
+async def test_http_failure_rejecting_cursor_relists(failure: Exception) -> None:
+    """Row ``exception_rejects_cursor``: one rule for every shape of a dead cursor."""
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10"), page("90")], watches=[failure])
+    async with running(api, clock) as run:
+        await step_waited(clock)
+        assert len(api.list_calls) == 2
+        assert cursors(api) == ["10", "90"]
+        assert api.probe_calls == []
+        assert len(run.replaces()) == 2
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [KubernetesApiError(500, "InternalError"), KubernetesApiError(403, "Forbidden"), error(500)],
+    ids=["HTTP 500", "HTTP 403", "ERROR 500"],
+)
+async def test_a_failing_watch_relists_after_a_backoff_step(failure: Any) -> None:
+    """Issue 16.2 (Go ``ListAndWatch``): a watch that fails for a reason that does not keep the
+    cursor relists one backoff step later, so while LIST works the store is never staler than
+    one step; here a pod deleted during the failure is gone from the relist."""
+    clock = FakeClock()
+    script: Any = failure if isinstance(failure, Exception) else [added("c", "11"), failure]
+    api = FakePodApi(lists=[page("10", "a", "b"), page("20", "b")], watches=[script])
+    async with running(api, clock) as run:
+        await clock.advance(RETRY - EPS)
+        assert len(api.list_calls) == 1
+        await step_waited(clock)
+        assert len(api.list_calls) == 2
+        assert list(run.replaces()[-1].objects) == ["b"]
+        assert cursors(api) == ["10", "20"]
+
+
+async def test_a_watch_answered_500_for_a_minute_relists_once_per_backoff_step() -> None:
+    """The 25 s fault of issue 16, stretched: every WATCH answered 500 while LIST works. Each
+    failure costs one LIST one backoff step later, the steps double (jitter aside) up to the cap,
+    and no LIST comes without its step."""
+    clock = FakeClock()
+    fail = KubernetesApiError(500, "InternalError")
+    api = FakePodApi(lists=[page(str(i)) for i in range(1, 50)], watches=[fail] * 50)
+    async with running(api, clock):
+        for _ in range(600):
+            await clock.advance(0.1)
+    lists = len(api.list_calls)
+    # steps of at least 2, 4, 8, 16, 30, 30 s ... fit into 60 s at most 5 times after the first
+    assert 3 <= lists <= 6
+    assert len(api.watch_calls) == lists
+
+
+async def test_a_server_rejecting_every_cursor_is_listed_once_per_backoff_step() -> None:
+    """Issue 16.3: every WATCH answered 410. Over 10 minutes of fake time the LIST count is that
+    of a backoff doubling to 30 s (at most 6 steps in the first minute, then one per 30 to 60 s),
+    not one per ``retry_delay``."""
+    clock = FakeClock()
+    expired = KubernetesApiError(410, "Expired")
+    api = FakePodApi(lists=[page(str(i)) for i in range(1, 100)], watches=[expired] * 100)
+    async with running(api, clock):
+        for _ in range(600):
+            await clock.advance(1.0)
+    assert len(api.list_calls) <= 6 + 600 // 30
+    assert len(api.list_calls) >= 1 + 540 // 60
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        KubernetesApiError(429, "TooManyRequests"),
+        KubernetesConnectionError("connection refused", refused=True),
+        ConnectionRefusedError(111, "refused"),
+        error(429),
+    ],
+    ids=["HTTP 429", "refused", "ConnectionRefusedError", "ERROR 429"],
+)
+async def test_throttled_or_refused_watch_keeps_the_cursor(failure: Any) -> None:
+    """Go ``isWatchErrorRetriable``: 429 and connection refused back off and re-watch the same
+    cursor (after its probe), with no relist."""
+    clock = FakeClock()
+    script: Any = failure if isinstance(failure, Exception) else [added("a", "11"), failure]
+    api = FakePodApi(lists=[page("10")], watches=[script])
+    async with running(api, clock):
+        await clock.advance(RETRY - EPS)
+        assert len(api.watch_calls) == 1
+        await step_waited(clock)
+        expected = "10" if isinstance(failure, Exception) else "11"
+        assert cursors(api) == ["10", expected]
+        assert [p.resource_version for p in api.probe_calls] == [expected]
+        assert len(api.list_calls) == 1
+
+
+async def test_retry_after_of_a_429_is_honoured() -> None:
+    clock = FakeClock()
+    throttled = KubernetesApiError(429, "TooManyRequests", retry_after=10.0)
+    api = FakePodApi(lists=[page("10")], watches=[throttled])
+    async with running(api, clock):
+        await clock.advance(10.0 - EPS)
+        assert len(api.watch_calls) == 1
+        await clock.advance(EPS)
+        assert len(api.watch_calls) == 2
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        KubernetesConnectionError("pod watch cut short"),
+        KubernetesConnectionError("nothing read for 90s", idle=True),
         ConnectionResetError("reset"),
         TimeoutError(),
     ],
+    ids=["cut", "idle", "reset", "timeout"],
 )
-async def test_other_watch_failures_retry_from_same_cursor(failure: Exception) -> None:
-    clock = FakeClock()
+async def test_a_connection_broken_mid_watch_probes_and_rewatches_at_once(failure: Any) -> None:
+    """Go's ``StreamWatcher`` reads a probable EOF as a close: after frames, a broken or silent
+    connection re-watches from the cursor at once (after its probe), with no relist."""
     api = FakePodApi(lists=[page("10")], watches=[[added("a", "11"), failure]])
+    async with running(api, FakeClock()):
+        assert cursors(api) == ["10", "11"]
+        assert [p.resource_version for p in api.probe_calls] == ["11"]
+        assert len(api.list_calls) == 1
+
+
+async def test_a_connection_broken_before_any_frame_waits_a_backoff_step() -> None:
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10")], watches=[KubernetesConnectionError("reset")])
     async with running(api, clock):
+        await clock.advance(RETRY - EPS)
         assert len(api.watch_calls) == 1
-        await clock.advance(RETRY)
-        assert [c.resource_version for c in api.watch_calls] == ["10", "11"]
-        assert len(api.list_calls) == 1
+        await step_waited(clock)
+        assert cursors(api) == ["10", "10"]
 
 
-async def test_error_frame_not_rejecting_cursor_retries_from_it() -> None:
+async def test_failed_list_is_retried_with_a_growing_backoff() -> None:
+    """Backoff rows: each failed LIST waits one step, and step n lies in [R·2^(n-1), R·2^n)."""
     clock = FakeClock()
-    api = FakePodApi(lists=[page("10")], watches=[[added("a", "11"), error(500)]])
-    async with running(api, clock):
-        await clock.advance(RETRY)
-        assert [c.resource_version for c in api.watch_calls] == ["10", "11"]
-        assert len(api.list_calls) == 1
+    failures = [TimeoutError(), KubernetesApiError(500, "x"), KubernetesApiError(500, "y")]
+    api = FakePodApi(lists=[*failures, page("10")])
+    reflector = reflector_over(api, clock)
+    consumer = Consumer(reflector.watch())
+    delays = []
+    try:
+        await clock.advance(0)
+        for n in range(1, len(failures) + 1):
+            status = reflector.source_status()
+            assert status.phase is SourcePhase.BACKING_OFF
+            assert status.backoff_until is not None
+            delay = status.backoff_until - clock.time()
+            delays.append(delay)
+            assert RETRY * 2 ** (n - 1) <= delay < RETRY * 2**n
+            await clock.advance(delay - EPS)
+            assert len(api.list_calls) == n
+            await clock.advance(EPS)
+            assert len(api.list_calls) == n + 1
+        assert isinstance(consumer.events[0], ReplaceEvent)
+    finally:
+        consumer.task.cancel()
+        await asyncio.gather(consumer.task, return_exceptions=True)
+    assert len(delays) == 3
 
 
-async def test_failed_list_is_retried_and_the_stream_still_opens_with_replace() -> None:
-    clock = FakeClock()
-    api = FakePodApi(lists=[TimeoutError(), KubernetesApiError(500, "x"), page("10", "a")])
-    async with running(api, clock) as run:
-        assert run.events == []
-        await clock.advance(RETRY)
-        await clock.advance(RETRY)
-        assert len(api.list_calls) == 3
-        assert isinstance(run.events[0], ReplaceEvent)
+# --- frames ---------------------------------------------------------------------------------
 
 
 async def test_invalid_pod_frame_is_logged_skipped_and_the_cursor_moves_past_it(
@@ -333,41 +493,64 @@ async def test_invalid_pod_frame_is_logged_skipped_and_the_cursor_moves_past_it(
     )
     with caplog.at_level(logging.ERROR):
         async with running(api, FakeClock()) as run:
-            assert [c.resource_version for c in api.watch_calls] == ["10", "12", "13"]
+            assert cursors(api)[:3] == ["10", "12", "13"]
+            assert [p.resource_version for p in api.probe_calls] == ["13"]
             assert len(api.list_calls) == 1
             assert [getattr(e, "key", None) for e in run.events] == [None, "b", "b"]
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert "pod=a" in line
     assert "resourceVersion=12" in line
     assert "status.phase: bad" in line
+    assert "watching from resourceVersion=12" in line
 
 
-async def test_unreadable_frame_relists_after_retry_delay(caplog: pytest.LogCaptureFixture) -> None:
-    """Row: like Go's StreamWatcher decode error, an unreadable frame ends the watch and relists."""
+@pytest.mark.parametrize(
+    "line",
+    [b"<html>", b'{"type":"ADDED"}', b'{"type":"SOMETHING","object":{}}'],
+    ids=["not json", "no object", "unknown type"],
+)
+async def test_unreadable_frame_relists_after_a_backoff_step(
+    line: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Row (design, and Go's StreamWatcher decode error): an unreadable frame ends the watch and
+    relists; a pod frame without an object is one, since it names no resourceVersion to skip to."""
+    with pytest.raises(FrameDecodeError) as decoded:
+        decode_watch_line(line)
+    assert decoded.value.resource_version is None
     clock = FakeClock()
-    bad = FrameDecodeError("unreadable watch frame: Invalid JSON")
-    api = FakePodApi(lists=[page("10", "a"), page("20", "a")], watches=[[bad]])
+    api = FakePodApi(lists=[page("10", "a"), page("20", "a")], watches=[[decoded.value]])
     with caplog.at_level(logging.ERROR):
         async with running(api, clock) as run:
-            assert len(api.list_calls) == 1
-            await clock.advance(RETRY)
+            await step_waited(clock)
             assert len(api.list_calls) == 2
-            assert [type(e) for e in run.events] == [ReplaceEvent, ReplaceEvent]
-            assert [c.resource_version for c in api.watch_calls] == ["10", "20"]
-    assert any("Invalid JSON" in r.getMessage() for r in caplog.records)
+            assert len(run.replaces()) == 2
+            assert cursors(api) == ["10", "20"]
+    (logged,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert decoded.value.reason in logged
+    assert "relisting by LIST (frame unreadable)" in logged
+
+
+async def test_error_frame_whose_reason_alone_says_expired_relists() -> None:
+    frame = decode_watch_line(b'{"type":"ERROR","object":{"kind":"Status","reason":"Expired"}}')
+    assert (frame.code, frame.rejects_cursor) == (None, True)
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10"), page("20")], watches=[[frame]])
+    async with running(api, clock):
+        await step_waited(clock)
+        assert cursors(api) == ["10", "20"]
 
 
 async def test_invalid_deleted_frame_relists_so_the_pod_cannot_linger() -> None:
-    """Row: skipping a deletion would leave a ghost; the relist's LIST no longer has the pod."""
     clock = FakeClock()
     bad = FrameDecodeError("bad", name="a", resource_version="12", event_type="DELETED")
     api = FakePodApi(lists=[page("10", "a", "b"), page("20", "b")], watches=[[bad]])
     async with running(api, clock) as run:
-        await clock.advance(RETRY)
-        last = run.events[-1]
-        assert isinstance(last, ReplaceEvent)
-        assert list(last.objects) == ["b"]
-        assert [c.resource_version for c in api.watch_calls] == ["10", "20"]
+        await step_waited(clock)
+        assert list(run.replaces()[-1].objects) == ["b"]
+        assert cursors(api) == ["10", "20"]
+
+
+# --- streams --------------------------------------------------------------------------------
 
 
 async def test_each_watch_call_opens_its_own_stream_starting_with_replace() -> None:
@@ -403,14 +586,15 @@ async def test_closing_the_stream_closes_the_open_watch() -> None:
     await asyncio.gather(pending, return_exceptions=True)
     await events.aclose()  # type: ignore[attr-defined]
     assert closed.is_set()
+    assert reflector.source_status().phase is SourcePhase.STOPPED
+
+
+# --- pagination -----------------------------------------------------------------------------
 
 
 async def test_paged_list_joins_every_page_into_one_replace_event() -> None:
-    """Row ``ListPager``: the consistent LIST asks for ``LIST_PAGE_SIZE`` pods a page and follows
-    continue tokens; the pages make one ``ReplaceEvent`` and the watch opens at their cursor."""
     api = FakePodApi(
         lists=[page("10", "a", "b", more="t1"), page("10", "c", more="t2"), page("10", "d")],
-        watches=[[]],
     )
     async with running(api, FakeClock()) as run:
         (replace,) = run.events
@@ -422,21 +606,22 @@ async def test_paged_list_joins_every_page_into_one_replace_event() -> None:
             PageCall(LIST_PAGE_SIZE, "t2"),
         ]
         assert api.list_calls == [("ns", "app=miles")]
-        assert api.probe_calls == []
         assert api.watch_calls[0].resource_version == "10"
 
 
-async def test_expired_continue_token_restarts_the_paged_list_at_once(
+async def test_expired_continue_token_restarts_once_then_falls_back_to_one_full_list(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A 410 on a continuation page: the pods read so far are dropped and the LIST restarts from a
-    consistent first page with no delay; one warning says so."""
+    """Pager rows: a 410 on a continuation restarts the paged LIST from page one; a second in a
+    row falls back to one unpaged LIST (Go ``FullListIfExpired``); one warning each; no delay."""
+    expired = KubernetesApiError(410, "Expired", "continue token expired")
     api = FakePodApi(
         lists=[
             page("10", "a", more="t1"),
-            KubernetesApiError(410, "Expired", "continue token expired"),
+            expired,
             page("20", "a", more="t3"),
-            page("20", "b"),
+            expired,
+            page("30", "a", "b"),
         ],
     )
     with caplog.at_level(logging.WARNING):
@@ -444,49 +629,283 @@ async def test_expired_continue_token_restarts_the_paged_list_at_once(
             (replace,) = run.events
             assert isinstance(replace, ReplaceEvent)
             assert {k: o.metadata.resource_version for k, o in replace.objects.items()} == {
-                "a": "20",
-                "b": "20",
+                "a": "30",
+                "b": "30",
             }
             assert api.page_calls == [
                 PageCall(LIST_PAGE_SIZE, None),
                 PageCall(LIST_PAGE_SIZE, "t1"),
                 PageCall(LIST_PAGE_SIZE, None),
                 PageCall(LIST_PAGE_SIZE, "t3"),
+                PageCall(None, None),
             ]
-            assert len(api.list_calls) == 2
-            assert api.watch_calls[0].resource_version == "20"
-    (line,) = [r.getMessage() for r in caplog.records if "continue token expired" in r.getMessage()]
-    assert "after 1 pods" in line
+            assert api.watch_calls[0].resource_version == "30"
+    first, second = warnings(caplog)
+    assert "after 1 pods" in first
+    assert "relisting from the first page" in first
+    assert "falling back to one unpaged LIST" in second
 
 
-async def test_other_failure_on_a_continuation_retries_the_whole_list_after_retry_delay() -> None:
-    """Any other failure mid-LIST fails the LIST: it restarts from a first page ``retry_delay``
-    later, never from the token."""
+async def test_other_failure_on_a_continuation_retries_the_whole_list_after_a_step() -> None:
     clock = FakeClock()
     api = FakePodApi(
         lists=[page("10", "a", more="t1"), KubernetesApiError(500, "x"), page("11", "a", "b")]
     )
     async with running(api, clock) as run:
         assert run.events == []
-        await clock.advance(RETRY)
+        await step_waited(clock)
         (replace,) = run.events
         assert isinstance(replace, ReplaceEvent)
         assert sorted(replace.objects) == ["a", "b"]
         assert [c.continue_token for c in api.page_calls] == [None, "t1", None]
 
 
-async def test_cursor_probe_stays_unpaged() -> None:
-    """The probe is one LIST of ``limit=1`` from the cursor: a continue token in its answer is
-    not followed, and its page never becomes a ``ReplaceEvent``."""
+# --- the contract's protocol ----------------------------------------------------------------
+
+
+async def test_a_contract_minimal_api_gets_a_complete_reflector() -> None:
+    """Issue 11.2: an API with only ``list_pods(*, namespace, label_selector)`` and
+    ``stream_pods`` (a call with any other argument would raise ``TypeError``) is listed unpaged,
+    watched from the cursor, re-watched after a clean close (no probe: it cannot), relisted on a
+    410, and the relist's ``ReplaceEvent`` lacks the pod deleted meanwhile (deletion synthesis is
+    the store's, on that event)."""
     clock = FakeClock()
-    api = FakePodApi(
-        lists=[page("10", "a")],
-        watches=[[hold(clock, 1.0)]],
-        probes=[page("30", "c", more="t9")],
+    api = ContractPodApi(
+        lists=[page("10", "a", "b"), page("30", "b")],
+        watches=[[added("c", "11")], [bookmark("20"), error(410)]],
     )
     async with running(api, clock) as run:
-        await clock.advance(1.0)
-        assert api.probe_calls == [ProbeCall("ns", "app=miles", "10", 1)]
-        assert api.page_calls == [PageCall(LIST_PAGE_SIZE, None)]
-        assert [type(e) for e in run.events] == [ReplaceEvent]
-        assert [c.resource_version for c in api.watch_calls] == ["10", "10"]
+        assert cursors(api) == ["10", "11"]
+        await step_waited(clock)
+        assert api.list_calls == [("ns", "app=miles")] * 2
+        assert cursors(api) == ["10", "11", "30"]
+        first, last = run.replaces()
+        assert sorted(first.objects) == ["a", "b"]
+        assert list(last.objects) == ["b"]
+
+
+# --- arguments ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, -1.0, math.nan, math.inf, "1", None, True])
+def test_retry_delay_must_be_finite_and_positive(value: Any) -> None:
+    with pytest.raises(ValueError, match=f"retry_delay .*{value!r}"):
+        KubernetesReflector(
+            kube_client=ContractPodApi(), namespace="ns", label_selector="", retry_delay=value
+        )
+
+
+@pytest.mark.parametrize("value", [0, -5, 0.5, 1.5, math.inf, "300", True])
+def test_watch_timeout_seconds_must_be_a_whole_positive_number(value: Any) -> None:
+    with pytest.raises(ValueError, match="watch_timeout_seconds"):
+        KubernetesReflector(
+            kube_client=ContractPodApi(),
+            namespace="ns",
+            label_selector="",
+            watch_timeout_seconds=value,
+        )
+
+
+# --- the streaming list ---------------------------------------------------------------------
+
+
+async def test_streaming_list_buffers_until_the_end_bookmark_and_goes_on_watching() -> None:
+    """Issue 14.5: the initial ADDED events (one deleted again before the end) become one
+    ``ReplaceEvent`` at the ``k8s.io/initial-events-end`` bookmark; the same stream goes on as
+    the watch, from the bookmark's cursor, with no LIST and no second request."""
+    api = StreamingFakePodApi(
+        stream_lists=[
+            [
+                added("a", "5"),
+                added("b", "6"),
+                added("gone", "7"),
+                deleted("gone", "8"),
+                bookmark("9", initial_events_end=True),
+                modified("a", "10"),
+            ]
+        ],
+    )
+    async with running(api, FakeClock(), streaming_list=True) as run:
+        replace, update = run.events[:2]
+        assert isinstance(replace, ReplaceEvent)
+        assert sorted(replace.objects) == ["a", "b"]
+        assert isinstance(update, UpsertEvent)
+        assert update.obj.metadata.resource_version == "10"
+        assert api.list_calls == []
+        assert api.stream_list_calls == 1
+        assert [p.resource_version for p in api.probe_calls] == ["10"]
+        assert cursors(api) == ["10"]
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        KubernetesApiError(422, "Invalid", "sendInitialEvents is forbidden"),
+        KubernetesApiError(500, "InternalError"),
+        [added("a", "5")],
+    ],
+    ids=["HTTP 422", "HTTP 500", "closed before the end bookmark"],
+)
+async def test_streaming_list_falls_back_to_a_list(
+    script: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Go ``ListAndWatch``: a watch-list that fails for a reason other than throttling or a
+    rejected cursor falls back to a LIST at once ("making progress is better than
+    deadlocking"); so does one that closed without the end bookmark."""
+    api = StreamingFakePodApi(stream_lists=[script], lists=[page("10", "x")])
+    with caplog.at_level(logging.WARNING):
+        async with running(api, FakeClock(), streaming_list=True) as run:
+            (replace,) = run.events
+            assert isinstance(replace, ReplaceEvent)
+            assert list(replace.objects) == ["x"]
+            assert len(api.list_calls) == 1
+            assert cursors(api) == ["10"]
+    (line,) = warnings(caplog)
+    assert "falling back to a LIST" in line
+
+
+async def test_throttled_streaming_list_is_retried_after_a_backoff_step() -> None:
+    clock = FakeClock()
+    api = StreamingFakePodApi(
+        stream_lists=[
+            KubernetesApiError(429, "TooManyRequests"),
+            [added("a", "5"), bookmark("6", initial_events_end=True)],
+        ]
+    )
+    async with running(api, clock, streaming_list=True) as run:
+        assert api.stream_list_calls == 1
+        await step_waited(clock)
+        assert api.stream_list_calls == 2
+        assert api.list_calls == []
+        assert list(run.replaces()[0].objects) == ["a"]
+
+
+async def test_relist_after_a_dead_cursor_streams_the_list_again() -> None:
+    clock = FakeClock()
+    api = StreamingFakePodApi(
+        stream_lists=[
+            [added("a", "5"), bookmark("6", initial_events_end=True), error(410)],
+            [added("b", "7"), bookmark("8", initial_events_end=True)],
+        ]
+    )
+    async with running(api, clock, streaming_list=True) as run:
+        await step_waited(clock)
+        assert api.stream_list_calls == 2
+        assert [list(r.objects) for r in run.replaces()] == [["a"], ["b"]]
+
+
+async def test_streaming_list_asked_of_an_api_that_cannot_lists_instead(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    api = FakePodApi(lists=[page("10", "a")])
+    with caplog.at_level(logging.WARNING):
+        async with running(api, FakeClock(), streaming_list=True) as run:
+            assert len(run.replaces()) == 1
+    (line,) = warnings(caplog)
+    assert "cannot stream a list" in line
+
+
+# --- status and logs ------------------------------------------------------------------------
+
+
+async def test_source_status_follows_the_phases_and_counts() -> None:
+    """Issue 15.1: phase, cursor, times, counters, relists by reason, last error."""
+    clock = FakeClock(start=100.0)
+    api = FakePodApi(
+        lists=[page("10", "a"), page("40", "a")],
+        watches=[[added("a", "11"), bookmark("12"), hold(clock, 5.0), error(410)]],
+    )
+    reflector = reflector_over(api, clock)
+    assert isinstance(reflector, StatusReporter)
+    assert reflector.source_status().phase is SourcePhase.STARTING
+    consumer = Consumer(reflector.watch())
+    try:
+        await clock.advance(0)
+        status = reflector.source_status()
+        assert (status.phase, status.cursor, status.events) == (SourcePhase.WATCHING, "12", 1)
+        assert (status.last_event_at, status.last_bookmark_at) == (100.0, 100.0)
+        assert (status.lists, status.watches, status.watch_restarts) == (1, 1, 0)
+        assert not status.suspect
+        await clock.advance(5.0)
+        status = reflector.source_status()
+        assert status.phase is SourcePhase.BACKING_OFF
+        assert status.backoff_until is not None
+        assert 105.0 + RETRY <= status.backoff_until < 105.0 + 2 * RETRY
+        assert status.relist_reason == "cursor expired"
+        assert status.relists == {"cursor expired": 1}
+        assert status.last_error is not None
+        assert "410" in status.last_error
+        assert status.last_error_at == 105.0
+        await step_waited(clock)
+        status = reflector.source_status()
+        assert (status.phase, status.cursor, status.lists, status.watches) == (
+            SourcePhase.WATCHING,
+            "40",
+            2,
+            2,
+        )
+        assert status.watch_restarts == 0, "a watch after a relist is not a restart"
+    finally:
+        consumer.task.cancel()
+        await asyncio.gather(consumer.task, return_exceptions=True)
+    assert reflector.source_status().phase is SourcePhase.STOPPED
+
+
+async def test_a_silent_watch_is_reported_suspect_after_twice_the_bookmark_interval() -> None:
+    clock = FakeClock()
+    api = ContractPodApi(lists=[page("10")], watches=[[bookmark("11"), hold(clock, 1000.0)]])
+    reflector = reflector_over(api, clock)
+    consumer = Consumer(reflector.watch())
+    try:
+        await clock.advance(SUSPECT_AFTER_SECONDS - EPS)
+        assert not reflector.source_status().suspect
+        await clock.advance(2 * EPS)
+        assert reflector.source_status().suspect
+    finally:
+        consumer.task.cancel()
+        await asyncio.gather(consumer.task, return_exceptions=True)
+
+
+async def test_restarts_are_counted_for_rewatches_from_the_cursor() -> None:
+    api = FakePodApi(lists=[page("10")], watches=[[added("a", "11")], [added("b", "12")]])
+    reflector = reflector_over(api, FakeClock())
+    consumer = Consumer(reflector.watch())
+    await asyncio.sleep(0)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    status = reflector.source_status()
+    consumer.task.cancel()
+    await asyncio.gather(consumer.task, return_exceptions=True)
+    assert (status.watches, status.watch_restarts, status.events) == (3, 2, 2)
+
+
+async def test_log_lines_name_the_reflector_and_each_failure_is_logged_once_per_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 15.3: every line carries the reflector's name (default ``namespace/selector``);
+    transitions are DEBUG; a watch failing for a minute gives one warning per failure, and each
+    failure is one backoff step."""
+    clock = FakeClock()
+    fail = KubernetesApiError(500, "InternalError")
+    api = FakePodApi(lists=[page(str(i)) for i in range(1, 50)], watches=[fail] * 50)
+    with caplog.at_level(logging.DEBUG, logger="miles.utils.workers.reconcile"):
+        async with running(api, clock):
+            for _ in range(600):
+                await clock.advance(0.1)
+    ours = [r for r in caplog.records if r.name.startswith("miles.utils.workers.reconcile")]
+    assert ours
+    assert all(r.getMessage().startswith("[ns/app=miles] ") for r in ours)
+    assert all(getattr(r, "reconcile_loop", None) == "ns/app=miles" for r in ours)
+    failures = [r for r in ours if r.levelno >= logging.WARNING]
+    assert len(failures) == len(api.watch_calls)
+    assert all("HTTP 500 InternalError" in r.getMessage() for r in failures)
+    assert any(r.levelno == logging.DEBUG and "->" in r.getMessage() for r in ours)
+
+
+def test_name_defaults_to_namespace_and_selector_and_can_be_given() -> None:
+    api = ContractPodApi()
+    assert KubernetesReflector(kube_client=api, namespace="ns", label_selector="a=b").name == (
+        "ns/a=b"
+    )
+    named = KubernetesReflector(kube_client=api, namespace="ns", label_selector="", name="cells")
+    assert named.name == "cells"
