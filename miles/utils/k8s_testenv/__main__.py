@@ -8,16 +8,18 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from miles.utils.k8s_testenv.binaries import SPECS, ensure_binaries
+from miles.utils.k8s_testenv.binaries import SPECS, bin_dir, ensure_binaries
 from miles.utils.k8s_testenv.control_plane import LocalControlPlane
 from miles.utils.k8s_testenv.errors import K8sTestEnvError
+from miles.utils.k8s_testenv.node_lock import clean_leftover_node
 from miles.utils.k8s_testenv.state import planes_named, running_planes, stop_plane
 
 
 def _build(args: argparse.Namespace) -> None:
-    paths = ensure_binaries(names=args.only or None)
-    for name, path in vars(paths).items():
-        print(f"{name}: {path}")
+    names = args.only or [spec.name for spec in SPECS]
+    ensure_binaries(names=names)
+    for name in names:
+        print(f"{name}: {bin_dir() / name}")
 
 
 def _up(args: argparse.Namespace) -> None:
@@ -48,7 +50,9 @@ def _down(args: argparse.Namespace) -> None:
         planes = planes_named(args.names)
     else:
         planes = [plane for plane in running_planes() if args.all or plane.abandoned]
-    if not planes:
+    within = None if not args.names else [plane.work_dir for plane in planes]
+    cleaned_node = clean_leftover_node(print, within=within)
+    if not planes and not cleaned_node:
         print("k8s_testenv: nothing is running")
     for plane in planes:
         stop_plane(plane)
@@ -58,7 +62,9 @@ def _down(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m miles.utils.k8s_testenv")
     verbs = parser.add_subparsers(dest="verb", required=True)
-    build = verbs.add_parser("build", help="build the pinned binaries that are missing or stale")
+    build = verbs.add_parser(
+        "build", help="build the pinned binaries (plane, real node) that are missing or stale"
+    )
     build.add_argument("--only", action="append", choices=[s.name for s in SPECS])
     build.set_defaults(run=_build)
     up = verbs.add_parser("up", help="start etcd and both kube-apiservers")

@@ -16,7 +16,8 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 def apiserver_argv(
     *, binary: Path, port: int, etcd_url: str, credentials: Credentials, watch_cache: bool
 ) -> list[str]:
-    """envtest's default flags, with token authentication and no background compaction."""
+    """envtest's default flags, with token authentication and no background compaction; the Node
+    authorizer lets a real node's kubelet work under its own identity."""
     return [
         str(binary),
         f"--etcd-servers={etcd_url}",
@@ -28,7 +29,7 @@ def apiserver_argv(
         f"--tls-cert-file={credentials.serving_cert}",
         f"--tls-private-key-file={credentials.serving_key}",
         f"--token-auth-file={credentials.token_file}",
-        "--authorization-mode=RBAC",
+        "--authorization-mode=Node,RBAC",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={credentials.service_account_key}",
         f"--service-account-signing-key-file={credentials.service_account_key}",

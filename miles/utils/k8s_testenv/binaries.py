@@ -4,7 +4,10 @@ Each binary has its own wrapper module under `tools/k8s/<module>/` whose go.mod 
 the package reads them from `pins/` beside this file (a link to `tools/k8s` in a checkout, package
 data in a wheel). A binary is rebuilt only when its stamp (a hash of the module's files, the build
 flags and the Go version) differs from the one recorded beside it. The folder is `bin_dir()`:
-`MILES_K8S_BIN_DIR`, else the checkout's `.cache/k8s-bin`, else the user's cache folder.
+`MILES_K8S_BIN_DIR`, else the checkout's `.cache/k8s-bin`, else the user's cache folder. The real
+node's kubelet, kube-scheduler and kube-controller-manager share one module, `node`; the control
+plane's binaries are built on demand, the real node's (`NODE_BINARIES`) only when a real node is
+wanted, or by `build`, which builds everything.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ _BUILD_FLAGS = ("-trimpath", "-buildvcs=false")
 
 @dataclass(frozen=True)
 class BinarySpec:
-    """One binary: its wrapper module folder, the package to build, and the module that pins it."""
+    """One binary: its wrapper module folder, the package to build, and the module that pins it
+    (None for a standard-library-only module of this repository, such as the test images')."""
 
     name: str
     module_dir: str
     package: str
-    pinned_module: str
+    pinned_module: str | None
     version_ldflags: tuple[str, ...] = ()
 
 
@@ -72,7 +76,22 @@ SPECS: tuple[BinarySpec, ...] = (
         package=".",
         pinned_module="k8s.io/client-go",
     ),
+    *(
+        BinarySpec(
+            name=name,
+            module_dir="node",
+            package=f"k8s.io/kubernetes/cmd/{name}",
+            pinned_module="k8s.io/kubernetes",
+            version_ldflags=_KUBE_VERSION_PACKAGES,
+        )
+        for name in ("kubelet", "kube-scheduler", "kube-controller-manager")
+    ),
+    BinarySpec(name="pause", module_dir="pause", package=".", pinned_module=None),
+    BinarySpec(name="engine", module_dir="engine", package=".", pinned_module=None),
 )
+
+PLANE_BINARIES = ("etcd", "kube-apiserver", "kwok", "oracle")
+NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-controller-manager", "pause", "engine")
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,17 @@ class BinaryPaths:
     kube_apiserver: Path
     kwok: Path
     oracle: Path
+
+
+@dataclass(frozen=True)
+class NodeBinaryPaths:
+    """The real node's binaries; `pause` and `engine` are packed into the test images."""
+
+    kubelet: Path
+    kube_scheduler: Path
+    kube_controller_manager: Path
+    pause: Path
+    engine: Path
 
 
 def _print_stderr(line: str) -> None:
@@ -129,6 +159,8 @@ def pinned_version(go_mod: str, module: str) -> str:
 
 def ldflags(spec: BinarySpec, version: str) -> str:
     flags = ["-s", "-w"]
+    if not spec.version_ldflags:
+        return " ".join(flags)
     major, minor = version.removeprefix("v").split(".")[:2]
     for package in spec.version_ldflags:
         flags += [
@@ -173,7 +205,11 @@ def build_stamp(spec: BinarySpec, module: Path, flags: str, go_version: str) -> 
 
 def _build_one(spec: BinarySpec, *, go: str, go_version: str, out_dir: Path, log: LogFn) -> Path:
     module = tools_dir() / spec.module_dir
-    version = pinned_version((module / "go.mod").read_text(), spec.pinned_module)
+    version = (
+        pinned_version((module / "go.mod").read_text(), spec.pinned_module)
+        if spec.pinned_module is not None
+        else ""
+    )
     flags = ldflags(spec, version)
     stamp = build_stamp(spec, module, flags, go_version)
     target = out_dir / spec.name
@@ -182,7 +218,8 @@ def _build_one(spec: BinarySpec, *, go: str, go_version: str, out_dir: Path, log
         return target
     partial = out_dir / f".{spec.name}.{os.getpid()}.partial"
     argv = [go, "build", *_BUILD_FLAGS, "-ldflags", flags, "-o", str(partial), spec.package]
-    log(f"k8s_testenv: building {spec.name} ({spec.pinned_module} {version}) ...")
+    source = f"{spec.pinned_module} {version}" if spec.pinned_module else "stdlib only"
+    log(f"k8s_testenv: building {spec.name} ({source}) ...")
     started = time.monotonic()
     env = {**os.environ, "CGO_ENABLED": "0"}
     result = subprocess.run(
@@ -250,13 +287,39 @@ def ensure_binaries(
     settings: EnvSettings | None = None,
     log: LogFn = _print_stderr,
 ) -> BinaryPaths:
-    """Builds every pinned binary that is missing or stale; returns the paths of all four.
+    """Builds every control-plane binary that is missing or stale; returns the paths of all four.
 
-    `names` limits the build to those binaries (the others' paths are returned as they are).
-    Without Go, or with a folder that cannot be written, the binaries already in the folder are
-    used as they are, so a folder built elsewhere (`MILES_K8S_BIN_DIR`) needs no toolchain.
+    `names` limits the build to those binaries (the others' paths are returned as they are); it
+    may also name real-node binaries, as `build` does to build everything. Without Go, or with a
+    folder that cannot be written, the binaries already in the folder are used as they are, so a
+    folder built elsewhere (`MILES_K8S_BIN_DIR`) needs no toolchain.
     """
-    wanted = set(names) if names is not None else {spec.name for spec in SPECS}
+    paths = _ensure(PLANE_BINARIES if names is None else names, settings, log)
+    return BinaryPaths(
+        etcd=paths["etcd"],
+        kube_apiserver=paths["kube-apiserver"],
+        kwok=paths["kwok"],
+        oracle=paths["oracle"],
+    )
+
+
+def ensure_node_binaries(
+    *, settings: EnvSettings | None = None, log: LogFn = _print_stderr
+) -> NodeBinaryPaths:
+    """Builds the real node's binaries that are missing or stale (kubelet alone takes ~10 min
+    on two cores from a cold Go build cache); returns their paths."""
+    paths = _ensure(NODE_BINARIES, settings, log)
+    return NodeBinaryPaths(
+        kubelet=paths["kubelet"],
+        kube_scheduler=paths["kube-scheduler"],
+        kube_controller_manager=paths["kube-controller-manager"],
+        pause=paths["pause"],
+        engine=paths["engine"],
+    )
+
+
+def _ensure(names: Iterable[str], settings: EnvSettings | None, log: LogFn) -> dict[str, Path]:
+    wanted = set(names)
     unknown = wanted - {spec.name for spec in SPECS}
     if unknown:
         raise ValueError(f"unknown binaries: {sorted(unknown)}")
@@ -274,9 +337,4 @@ def ensure_binaries(
                     paths[spec.name] = _build_one(
                         spec, go=go, go_version=go_version, out_dir=out_dir, log=log
                     )
-    return BinaryPaths(
-        etcd=paths["etcd"],
-        kube_apiserver=paths["kube-apiserver"],
-        kwok=paths["kwok"],
-        oracle=paths["oracle"],
-    )
+    return paths

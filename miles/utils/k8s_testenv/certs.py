@@ -1,7 +1,9 @@
 """Certificates and credentials for loopback apiservers (Go: envtest's `internal/testing/certs`).
 
 Uses the `openssl` command line: a throwaway CA, a serving certificate for 127.0.0.1/localhost
-signed by it, a service-account signing key, and a static token file with one admin token.
+signed by it, a service-account signing key, and a static token file with one admin token and,
+given a node name, the token of that node's kubelet (user `system:node:<name>`, group
+`system:nodes`, what the Node authorizer and NodeRestriction admission expect).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from miles.utils.k8s_testenv.errors import PrerequisiteError
 
 ADMIN_USER = "admin"
 ADMIN_GROUP = "system:masters"
+NODES_GROUP = "system:nodes"
 
 _EC_KEY = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
 _SERVING_EXTENSIONS = """\
@@ -36,6 +39,7 @@ class Credentials:
     service_account_key: Path
     token_file: Path
     admin_token: str
+    node_token: str | None = None
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -87,7 +91,7 @@ def generate_serving_pair(directory: Path) -> ServingPair:
     )
 
 
-def generate_credentials(directory: Path) -> Credentials:
+def generate_credentials(directory: Path, *, node_name: str | None = None) -> Credentials:
     """Writes the CA, serving certificate, service-account key and token file into `directory`."""
     pair = generate_serving_pair(directory)
     _openssl(
@@ -96,7 +100,13 @@ def generate_credentials(directory: Path) -> Credentials:
     )  # fmt: skip
     token = secrets.token_hex(24)
     token_file = directory / "token.csv"
-    token_file.write_text(f'{token},{ADMIN_USER},{ADMIN_USER}-uid,"{ADMIN_GROUP}"\n')
+    lines = [f'{token},{ADMIN_USER},{ADMIN_USER}-uid,"{ADMIN_GROUP}"']
+    node_token = None
+    if node_name is not None:
+        node_token = secrets.token_hex(24)
+        user = f"system:node:{node_name}"
+        lines.append(f'{node_token},{user},{user}-uid,"{NODES_GROUP}"')
+    token_file.write_text("\n".join(lines) + "\n")
     for secret in ("service-account.key", "token.csv"):
         (directory / secret).chmod(0o600)
     return Credentials(
@@ -106,4 +116,5 @@ def generate_credentials(directory: Path) -> Credentials:
         service_account_key=directory / "service-account.key",
         token_file=token_file,
         admin_token=token,
+        node_token=node_token,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import Literal, Protocol
 
 from miles.utils.k8s_testenv.apiserver import KubeApiServer
 from miles.utils.k8s_testenv.binaries import BinaryPaths, ensure_binaries
-from miles.utils.k8s_testenv.certs import generate_credentials
+from miles.utils.k8s_testenv.certs import Credentials, generate_credentials
 from miles.utils.k8s_testenv.errors import FaultUnsupportedError
 from miles.utils.k8s_testenv.etcd import Etcd
 from miles.utils.k8s_testenv.ports import free_ports
@@ -81,6 +82,7 @@ class LocalControlPlane:
         self._started_addons: list[ControlPlaneAddon] = []
         self._work_dir: Path | None = None
         self._etcd: Etcd | None = None
+        self._credentials: Credentials | None = None
         self._apiservers: dict[ApiServerName, KubeApiServer] = {}
 
     def __enter__(self) -> LocalControlPlane:
@@ -116,6 +118,13 @@ class LocalControlPlane:
             raise RuntimeError("the control plane is not started")
         return self._etcd
 
+    @property
+    def credentials(self) -> Credentials:
+        """The plane's CA, keys and tokens, including a node token for this host's kubelet."""
+        if self._credentials is None:
+            raise RuntimeError("the control plane is not started")
+        return self._credentials
+
     def apiserver(self, name: ApiServerName) -> KubeApiServer:
         return self._apiservers[name]
 
@@ -147,7 +156,8 @@ class LocalControlPlane:
 
     def _start_components(self, binaries: BinaryPaths) -> None:
         work_dir = self.work_dir
-        credentials = generate_credentials(work_dir / "pki")
+        credentials = generate_credentials(work_dir / "pki", node_name=socket.gethostname())
+        self._credentials = credentials
         etcd_client, etcd_peer, cached_port, uncached_port = free_ports(4)
         self._etcd = Etcd(
             binary=binaries.etcd,

@@ -39,6 +39,21 @@ def stop_process_group(pid: int, *, grace: float = 10.0) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def stop_process(pid: int, *, grace: float = 10.0) -> None:
+    """SIGTERM to `pid` alone (one we did not start as a group leader), then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(_POLL_INTERVAL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _group_alive(pgid: int) -> bool:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pgid, os.WNOHANG)

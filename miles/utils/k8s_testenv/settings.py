@@ -11,6 +11,8 @@ KEEP_ENV = "MILES_K8S_KEEP"
 KUBECONFIG_ENV = "MILES_K8S_KUBECONFIG"
 REQUIRE_ENV = "MILES_K8S_REQUIRE"
 BIN_DIR_ENV = "MILES_K8S_BIN_DIR"
+NODE_ENV = "MILES_K8S_NODE"
+NODE_CHOICES = ("auto", "real", "kwok")
 
 
 def _flag(value: str | None) -> bool:
@@ -20,12 +22,15 @@ def _flag(value: str | None) -> bool:
 @dataclass(frozen=True)
 class EnvSettings:
     """`keep`: leave the environment up; `kubeconfig`: reuse that cluster; `require`: a missing
-    prerequisite fails instead of skipping; `bin_dir`: override of the binary cache folder."""
+    prerequisite fails instead of skipping; `bin_dir`: override of the binary cache folder;
+    `node`: where pods run, `real` (containerd + kubelet), `kwok`, or `auto` (the real node when
+    its prerequisites are met, else KWOK, saying why)."""
 
     keep: bool = False
     kubeconfig: Path | None = None
     require: bool = False
     bin_dir: Path | None = None
+    node: str = "auto"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> EnvSettings:
@@ -34,9 +39,13 @@ class EnvSettings:
         require = _flag(require_raw) if require_raw is not None else bool(env.get("CI"))
         kubeconfig = env.get(KUBECONFIG_ENV)
         bin_dir = env.get(BIN_DIR_ENV)
+        node = (env.get(NODE_ENV) or "auto").strip().lower()
+        if node not in NODE_CHOICES:
+            raise ValueError(f"{NODE_ENV}={node!r}: expected one of {', '.join(NODE_CHOICES)}")
         return cls(
             keep=_flag(env.get(KEEP_ENV)),
             kubeconfig=Path(kubeconfig) if kubeconfig else None,
             require=require,
             bin_dir=Path(bin_dir) if bin_dir else None,
+            node=node,
         )

@@ -1,0 +1,175 @@
+"""Fast tests of the real node's pieces that need no root and touch no host state: the OCI packer,
+the generated configuration, the one-node-per-machine lock, the binary groups and settings."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from miles.utils.k8s_testenv import EnvSettings, PrerequisiteError
+from miles.utils.k8s_testenv.binaries import NODE_BINARIES, PLANE_BINARIES, SPECS, ldflags
+from miles.utils.k8s_testenv.host_state import HostSnapshot
+from miles.utils.k8s_testenv.node_config import (
+    NodeLayout,
+    cni_conflist,
+    containerd_toml,
+    kubelet_configuration,
+)
+from miles.utils.k8s_testenv.node_images import ENGINE_IMAGE, PAUSE_IMAGE
+from miles.utils.k8s_testenv.node_lock import NodeLock
+from miles.utils.k8s_testenv.oci_image import ImageSpec, write_oci_archive
+from miles.utils.k8s_testenv.real_node import check_prerequisites
+
+
+def _members(archive: Path) -> dict[str, bytes]:
+    with tarfile.open(archive) as tar:
+        return {
+            m.name: tar.extractfile(m).read()  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.isfile()
+        }
+
+
+@pytest.fixture
+def engine_spec(tmp_path: Path) -> ImageSpec:
+    binary = tmp_path / "engine"
+    binary.write_bytes(b"\x7fELF not really")
+    return ImageSpec(
+        reference=ENGINE_IMAGE,
+        entrypoint=("/bin/engine",),
+        files={"bin/engine": binary},
+        symlinks={"bin/kill": "engine"},
+    )
+
+
+def test_oci_archive_is_reproducible_and_names_the_image(
+    engine_spec: ImageSpec, tmp_path: Path
+) -> None:
+    first = write_oci_archive(engine_spec, tmp_path / "a.tar")
+    second = write_oci_archive(engine_spec, tmp_path / "b.tar")
+    assert first == second
+    assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
+    members = _members(tmp_path / "a.tar")
+    index = json.loads(members["index.json"])
+    (manifest_descriptor,) = index["manifests"]
+    assert manifest_descriptor["digest"] == first
+    assert manifest_descriptor["annotations"]["io.containerd.image.name"] == ENGINE_IMAGE
+    for name, blob in members.items():
+        if name.startswith("blobs/sha256/"):
+            assert name.removeprefix("blobs/sha256/") == hashlib.sha256(blob).hexdigest()
+    manifest = json.loads(members[f"blobs/sha256/{first.removeprefix('sha256:')}"])
+    config_digest = manifest["config"]["digest"].removeprefix("sha256:")
+    config = json.loads(members[f"blobs/sha256/{config_digest}"])
+    assert config["config"]["Entrypoint"] == ["/bin/engine"]
+    assert config["rootfs"]["diff_ids"] == [manifest["layers"][0]["digest"]]
+
+
+def test_oci_layer_holds_the_binary_executable_and_the_kill_symlink(
+    engine_spec: ImageSpec, tmp_path: Path
+) -> None:
+    write_oci_archive(engine_spec, tmp_path / "a.tar")
+    members = _members(tmp_path / "a.tar")
+    index = json.loads(members["index.json"])
+    manifest = json.loads(
+        members["blobs/sha256/" + index["manifests"][0]["digest"].removeprefix("sha256:")]
+    )
+    layer = members["blobs/sha256/" + manifest["layers"][0]["digest"].removeprefix("sha256:")]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        entries = {m.name: m for m in tar.getmembers()}
+    assert entries["bin/engine"].mode == 0o755
+    assert entries["bin/kill"].issym()
+    assert entries["bin/kill"].linkname == "engine"
+    assert entries["tmp"].mode == 0o1777
+    assert all(m.mtime == 0 and m.uid == 0 for m in entries.values())
+    assert list(entries) == sorted(entries)
+
+
+def test_containerd_config_keeps_everything_in_the_node_folder(tmp_path: Path) -> None:
+    layout = NodeLayout(tmp_path / "node")
+    config = tomllib.loads(
+        containerd_toml(layout, runc="/usr/sbin/runc", cni_bin_dir=Path("/usr/lib/cni"))
+    )
+    cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == PAUSE_IMAGE
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["BinaryName"] == "/usr/sbin/runc"
+    paths = (config["root"], config["state"], config["grpc"]["address"], cri["cni"]["conf_dir"])
+    for path in paths:
+        assert Path(path).is_relative_to(layout.root)
+    assert len(str(layout.containerd_socket)) < 108
+
+
+def test_kubelet_configuration_avoids_host_rules_and_paths(tmp_path: Path) -> None:
+    layout = NodeLayout(tmp_path / "node")
+    config = kubelet_configuration(layout, port=10250, healthz_port=10248)
+    assert config["failCgroupV1"] is False
+    assert config["makeIPTablesUtilChains"] is False
+    assert config["imageGCHighThresholdPercent"] == 100
+    assert Path(config["volumePluginDir"]).is_relative_to(layout.root)
+    assert config["address"] == "127.0.0.1"
+    cni = cni_conflist(layout)["plugins"][0]
+    assert cni["ipMasq"] is False
+    assert Path(cni["ipam"]["dataDir"]).is_relative_to(layout.root)
+
+
+def test_a_second_real_node_is_refused_in_one_line(tmp_path: Path) -> None:
+    lock_path = tmp_path / "node.lock"
+    first = NodeLock(lock_path)
+    first.acquire(tmp_path / "one")
+    with pytest.raises(PrerequisiteError) as refused:
+        NodeLock(lock_path).acquire(tmp_path / "two")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "already running on this machine" in message
+    assert f"owner pid {os.getpid()}" in message
+    first.release()
+    second = NodeLock(lock_path)
+    second.acquire(tmp_path / "two")
+    second.release()
+
+
+def test_a_node_left_by_a_killed_run_is_refused_naming_down(tmp_path: Path) -> None:
+    lock_path = tmp_path / "node.lock"
+    killed = NodeLock(lock_path)
+    killed.acquire(tmp_path / "killed")
+    killed.record_snapshot(
+        HostSnapshot(sysctls={}, absent_paths=(), cgroups={}, links=(), nft_tables=())
+    )
+    assert killed._handle is not None
+    killed._handle.close()
+    killed._handle = None
+    with pytest.raises(PrerequisiteError) as refused:
+        NodeLock(lock_path).acquire(tmp_path / "next")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "left by a killed run" in message
+    assert "python -m miles.utils.k8s_testenv down" in message
+
+
+def test_node_binaries_are_built_apart_from_the_control_plane() -> None:
+    assert set(PLANE_BINARIES) | set(NODE_BINARIES) == {spec.name for spec in SPECS}
+    assert not set(PLANE_BINARIES) & set(NODE_BINARIES)
+    kubelet = next(spec for spec in SPECS if spec.name == "kubelet")
+    assert "-X k8s.io/component-base/version.gitVersion=v1.36.3" in ldflags(kubelet, "v1.36.3")
+    pause = next(spec for spec in SPECS if spec.name == "pause")
+    assert ldflags(pause, "") == "-s -w"
+
+
+def test_node_setting_accepts_the_three_backends_and_names_a_bad_one() -> None:
+    assert EnvSettings.from_env({}).node == "auto"
+    assert EnvSettings.from_env({"MILES_K8S_NODE": "KWOK"}).node == "kwok"
+    with pytest.raises(ValueError, match=r"MILES_K8S_NODE='docker': expected one of auto"):
+        EnvSettings.from_env({"MILES_K8S_NODE": "docker"})
+
+
+def test_real_node_without_root_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(PrerequisiteError, match=r"needs root .* MILES_K8S_NODE=kwok"):
+        check_prerequisites()
