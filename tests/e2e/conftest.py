@@ -57,6 +57,12 @@ def _missing_prerequisite(settings: EnvSettings, reason: str) -> NoReturn:
 
 
 @pytest.fixture(scope="session")
+def k8s_terminal(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    """Writes a line past pytest's output capture (build progress, bring-up times)."""
+    return _terminal(pytestconfig)
+
+
+@pytest.fixture(scope="session")
 def k8s_settings() -> EnvSettings:
     return EnvSettings.from_env()
 

@@ -4,7 +4,13 @@ Imports nothing from `miles.utils.workers.reconcile`: the environment under test
 of the code under test.
 """
 
-from miles.utils.k8s_testenv.binaries import BinaryPaths, bin_dir, ensure_binaries
+from miles.utils.k8s_testenv.binaries import (
+    BinaryPaths,
+    NodeBinaryPaths,
+    bin_dir,
+    ensure_binaries,
+    ensure_node_binaries,
+)
 from miles.utils.k8s_testenv.client import ApiClientFactory, api_client, check_reachable
 from miles.utils.k8s_testenv.control_plane import (
     ApiServerName,
@@ -21,6 +27,7 @@ from miles.utils.k8s_testenv.errors import (
     K8sTestEnvError,
     PrerequisiteError,
 )
+from miles.utils.k8s_testenv.real_node import RealNode, RealNodeAddon
 from miles.utils.k8s_testenv.settings import EnvSettings
 
 __all__ = [
@@ -37,9 +44,13 @@ __all__ = [
     "FaultUnsupportedError",
     "K8sTestEnvError",
     "LocalControlPlane",
+    "NodeBinaryPaths",
     "PrerequisiteError",
+    "RealNode",
+    "RealNodeAddon",
     "api_client",
     "bin_dir",
     "check_reachable",
     "ensure_binaries",
+    "ensure_node_binaries",
 ]

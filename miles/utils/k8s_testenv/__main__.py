@@ -50,8 +50,7 @@ def _down(args: argparse.Namespace) -> None:
         planes = planes_named(args.names)
     else:
         planes = [plane for plane in running_planes() if args.all or plane.abandoned]
-    within = None if not args.names else [plane.work_dir for plane in planes]
-    cleaned_node = clean_leftover_node(print, within=within)
+    cleaned_node = not args.names and clean_leftover_node(print)
     if not planes and not cleaned_node:
         print("k8s_testenv: nothing is running")
     for plane in planes:

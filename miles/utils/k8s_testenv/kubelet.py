@@ -1,13 +1,14 @@
-"""The kubelet layer a test runs on (KWOK, kind, or a reused cluster) and the pod actions that
-differ between KWOK and a real kubelet. Go counterpart: none; this is the test-side half of
-`kwok_stages.yaml`.
+"""The kubelet layer a test runs on (the real node, KWOK, kind, or a reused cluster) and the pod
+actions that differ between KWOK and a real kubelet. Go counterpart: none; this is the test-side
+half of `kwok_stages.yaml`.
 
 A real kubelet restarts or completes a container when its process exits, so there the tests make
-the process exit: the test container is a PID-1 shell that exits 1 on SIGUSR1 (a crash, restarted
-under restartPolicy Always) and 0 on SIGUSR2 (completion), and has no SIGTERM handler, so as PID 1
-it ignores SIGTERM and a graceful deletion lasts the whole grace period. On KWOK there is no
-process: the same requests are annotations that kwok's stages turn into the status a kubelet
-would write.
+the process exit: the test container exits 1 on SIGUSR1 (a crash, restarted under restartPolicy
+Always) and 0 on SIGUSR2 (completion), and ignores SIGTERM, so a graceful deletion lasts the whole
+grace period. On kind and reused clusters it is a busybox PID-1 shell; on the real node it is the
+`engine` image built here (`node_images`), with TERM_DELAY_SECONDS=-1 for the same contract, and
+`engine_*` reach its HTTP endpoints (health, exit code) at the pod IP. On KWOK there is no process:
+the same requests are annotations that kwok's stages turn into the status a kubelet would write.
 
 Everything async takes a `kubernetes_asyncio` `CoreV1Api` (imported lazily) and every wait has a
 deadline, ending in `WaitTimeout` that names what was awaited, for how long, and what was seen.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from miles.utils.k8s_testenv.kwok import COMPLETE_ANNOTATION, RESTART_COUNT_ANNOTATION
+from miles.utils.k8s_testenv.node_images import ENGINE_IMAGE, ENGINE_PORT
 
 T = TypeVar("T")
 Probe = Callable[[], T | None] | Callable[[], Awaitable[T | None]]
@@ -35,6 +37,7 @@ CONTAINER_SCRIPT = 'trap "exit 1" USR1; trap "exit 0" USR2; while true; do sleep
 
 
 class LayerName(enum.StrEnum):
+    REAL = "real-node"
     KWOK = "kwok"
     KIND = "kind"
     KUBECONFIG = "kubeconfig"
@@ -46,6 +49,35 @@ class WaitTimeout(AssertionError):
 
 def _nothing_wrong() -> str | None:
     return None
+
+
+def engine_container(
+    *,
+    name: str = CONTAINER_NAME,
+    term_delay_seconds: float = -1,
+    readiness_probe: bool = False,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The real node's `engine` container: SIGTERM ends it after `term_delay_seconds` (negative:
+    ignored, like the busybox shell); `readiness_probe` probes `/healthz` every second."""
+    container: dict[str, Any] = {
+        "name": name,
+        "image": ENGINE_IMAGE,
+        "imagePullPolicy": "Never",
+        "env": [
+            {"name": "TERM_DELAY_SECONDS", "value": str(term_delay_seconds)},
+            *({"name": k, "value": v} for k, v in (env or {}).items()),
+        ],
+        "ports": [{"containerPort": ENGINE_PORT}],
+    }
+    if readiness_probe:
+        container["readinessProbe"] = {
+            "httpGet": {"path": "/healthz", "port": ENGINE_PORT},
+            "periodSeconds": 1,
+            "failureThreshold": 1,
+            "successThreshold": 1,
+        }
+    return container
 
 
 @dataclass(frozen=True)
@@ -62,19 +94,27 @@ class KubeletLayer:
     def simulated(self) -> bool:
         return self.name is LayerName.KWOK
 
+    @property
+    def has_controllers(self) -> bool:
+        """Whether a controller manager runs (service accounts, Deployments, StatefulSets)."""
+        return self.name is not LayerName.KWOK
+
     def pod_manifest(
         self, *, name: str, labels: dict[str, str], restart_policy: str = "Always"
     ) -> dict[str, Any]:
+        container = (
+            engine_container()
+            if self.name is LayerName.REAL
+            else {
+                "name": CONTAINER_NAME,
+                "image": TEST_IMAGE,
+                "command": ["sh", "-c", CONTAINER_SCRIPT],
+            }
+        )
         spec: dict[str, Any] = {
             "restartPolicy": restart_policy,
             "terminationGracePeriodSeconds": 30,
-            "containers": [
-                {
-                    "name": CONTAINER_NAME,
-                    "image": TEST_IMAGE,
-                    "command": ["sh", "-c", CONTAINER_SCRIPT],
-                }
-            ],
+            "containers": [container],
         }
         if self.node_name is not None:
             spec["nodeName"] = self.node_name
@@ -162,13 +202,13 @@ def describe_pod(pod: Any) -> str:
 async def create_namespace(
     layer: KubeletLayer, core_v1: Any, name: str, *, timeout_seconds: float = 60.0
 ) -> None:
-    """Creates namespace `name`. On a real cluster it also waits for its `default` service account,
-    which ServiceAccount admission requires of every pod and a controller creates a moment later;
-    the local control plane runs with that admission plugin off and no such controller."""
+    """Creates namespace `name`. Where a controller manager runs it also waits for its `default`
+    service account, which ServiceAccount admission requires of every pod on a real cluster and the
+    controller creates a moment later (the local control plane runs with that admission off)."""
     from kubernetes_asyncio.client.exceptions import ApiException
 
     await core_v1.create_namespace({"metadata": {"name": name}})
-    if layer.simulated:
+    if not layer.has_controllers:
         return
 
     async def default_account() -> Any:
@@ -234,3 +274,42 @@ async def _signal_pid1(core_v1: Any, namespace: str, name: str, signal: str) -> 
         await client.CoreV1Api(api_client=ws).connect_get_namespaced_pod_exec(
             name, namespace, container=CONTAINER_NAME, stderr=True, stdout=True, **exec_args
         )
+
+
+async def engine_get(pod_ip: str, path: str, *, timeout_seconds: float = 5.0) -> str:
+    """GET `path` from the engine at `pod_ip` (reachable from the host over the node's bridge),
+    retrying for `timeout_seconds` while it does not answer (a container that just started)."""
+    import urllib.request
+
+    url = f"http://{pod_ip}:{ENGINE_PORT}{path}"
+
+    def get() -> str:
+        with urllib.request.urlopen(url, timeout=timeout_seconds) as answer:
+            return str(answer.read().decode())
+
+    deadline = asyncio.get_running_loop().time() + timeout_seconds
+    while True:
+        try:
+            return await asyncio.to_thread(get)
+        except OSError as error:
+            if asyncio.get_running_loop().time() > deadline:
+                raise WaitTimeout(f"the engine at {url} does not answer: {error}") from error
+            await asyncio.sleep(0.1)
+
+
+async def _pod_ip(core_v1: Any, namespace: str, name: str) -> str:
+    pod = await core_v1.read_namespaced_pod(name, namespace)
+    if not pod.status.pod_ip:
+        raise WaitTimeout(f"pod {namespace}/{name} has no IP yet: {describe_pod(pod)}")
+    return str(pod.status.pod_ip)
+
+
+async def crash_engine(core_v1: Any, *, namespace: str, name: str, exit_code: int) -> None:
+    """The engine container of a real-node pod exits with `exit_code` (its `/exit` endpoint)."""
+    await engine_get(await _pod_ip(core_v1, namespace, name), f"/exit?code={exit_code}")
+
+
+async def set_engine_health(core_v1: Any, *, namespace: str, name: str, healthy: bool) -> None:
+    """Makes the engine's `/healthz` (its readiness probe) pass or fail."""
+    ok = "true" if healthy else "false"
+    await engine_get(await _pod_ip(core_v1, namespace, name), f"/health?ok={ok}")

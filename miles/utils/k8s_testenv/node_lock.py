@@ -114,6 +114,23 @@ class NodeLock:
             self._handle = None
 
 
+def lock_holder(path: Path = LOCK_PATH) -> str | None:
+    """Why a real node cannot start now (one runs, or a killed run's is left), or None."""
+    if not path.exists():
+        return None
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            record = _read(handle)
+            owner = f" (owner pid {record.owner_pid})" if record is not None else ""
+            return f"a real node is already running on this machine{owner}"
+        record = _read(handle)
+        if record is not None and record.left_behind():
+            return f"a real node left by a killed run is still in {record.node_dir}"
+        return None
+
+
 def clean_leftover_node(
     log: Callable[[str], None], *, within: Sequence[Path] | None = None, path: Path = LOCK_PATH
 ) -> bool:

@@ -46,7 +46,7 @@ from miles.utils.k8s_testenv.node_config import (
     scheduler_argv,
 )
 from miles.utils.k8s_testenv.node_images import write_image_archives
-from miles.utils.k8s_testenv.node_lock import LOCK_PATH, NodeLock
+from miles.utils.k8s_testenv.node_lock import LOCK_PATH, NodeLock, lock_holder
 from miles.utils.k8s_testenv.ports import LOOPBACK, free_ports
 from miles.utils.k8s_testenv.process import ManagedProcess, log_tail, stop_process
 
@@ -110,6 +110,18 @@ def check_prerequisites() -> None:
             f"the hostname {node_name()!r} does not resolve ({error}); the apiserver reaches the "
             "kubelet by it: add it to /etc/hosts"
         ) from error
+
+
+def real_node_unavailable(node_setting: str = "auto") -> str | None:
+    """Why a real node cannot start here now (MILES_K8S_NODE=kwok, a missing prerequisite,
+    another node holding the machine), or None."""
+    if node_setting == "kwok":
+        return "MILES_K8S_NODE=kwok"
+    try:
+        check_prerequisites()
+    except PrerequisiteError as error:
+        return str(error)
+    return lock_holder()
 
 
 class RealNode:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.utils.k8s_testenv.errors import UnknownPlaneError
+from miles.utils.k8s_testenv.node_lock import clean_leftover_node
 from miles.utils.k8s_testenv.process import stop_process_group
 from miles.utils.k8s_testenv.user_dirs import user_state_dir
 
@@ -116,7 +117,9 @@ def _read_state(path: Path) -> RunningPlane:
 
 def stop_plane(plane: RunningPlane) -> None:
     """Stops the recorded process groups (latest started first) and any other process whose
-    command line names the plane's folder, then removes the folder and the state file."""
+    command line names the plane's folder, then removes the folder and the state file. A real node
+    in the folder whose owner is gone is stopped first and its host changes undone."""
+    clean_leftover_node(_log.warning, within=[plane.work_dir])
     for pid in reversed(list(plane.pids.values())):
         if _runs_in(pid, plane.work_dir):
             stop_process_group(pid)

@@ -1,19 +1,24 @@
-"""The kubelet layer of the k8s_kind tests, chosen once per session:
+"""The kubelet layer of the k8s_kind tests, chosen once for the package:
 
 1. `MILES_K8S_KUBECONFIG` set: that cluster, taken to run real kubelets ("kubeconfig");
-2. a Docker daemon answers: a kind cluster from the pinned kind and node image ("kind");
-3. otherwise KWOK against the session's local control plane, cached apiserver ("kwok").
+2. `MILES_K8S_NODE=kwok`: KWOK against the session's local control plane ("kwok");
+3. otherwise (`auto`, the default, or `real`) the real node on the session's control plane:
+   containerd, the kubelet, kube-scheduler and kube-controller-manager ("real-node");
+4. `auto` only, when the real node's prerequisites are missing (no root, no packages) and
+   MILES_K8S_REQUIRE is off: kind if a Docker daemon answers, else KWOK, saying why.
 
 Each test prints the layer it ran on, and the session summary names it. A missing prerequisite
-skips, or fails under `MILES_K8S_REQUIRE=1` (the default when `CI` is set); KWOK that crashes or
-whose node never becomes Ready is a failure, never a skip.
+skips, or fails under `MILES_K8S_REQUIRE=1` (the default when `CI` is set); a real node or KWOK
+that crashes or whose node never becomes Ready is a failure, never a skip or a fallback. The layer
+is package-scoped, so the real node is gone (and the host clean) before other packages run theirs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -23,12 +28,15 @@ from miles.utils.k8s_testenv import (
     PrerequisiteError,
     bin_dir,
     check_reachable,
+    ensure_node_binaries,
 )
 from miles.utils.k8s_testenv.kind import docker_daemon_available, ensure_pinned_kind, kind_cluster
 from miles.utils.k8s_testenv.kubelet import KubeletLayer, LayerName
 from miles.utils.k8s_testenv.kwok import Kwok
+from miles.utils.k8s_testenv.real_node import RealNode, real_node_unavailable
 
 _LAYERS_RUN: pytest.StashKey[dict[str, int]] = pytest.StashKey()
+_FALLBACK: pytest.StashKey[str] = pytest.StashKey()
 
 
 def _skip_or_fail(settings: EnvSettings, reason: str) -> None:
@@ -37,7 +45,7 @@ def _skip_or_fail(settings: EnvSettings, reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kubelet_layer(
     k8s_settings: EnvSettings,
     request: pytest.FixtureRequest,
@@ -46,11 +54,45 @@ def kubelet_layer(
     if k8s_settings.kubeconfig is not None:
         asyncio.run(check_reachable(k8s_settings.kubeconfig))
         yield KubeletLayer(name=LayerName.KUBECONFIG, kubeconfig=k8s_settings.kubeconfig)
-    elif docker_daemon_available():
+        return
+    if k8s_settings.node != "kwok":
+        reason = _real_node_unavailable(k8s_settings)
+        if reason is None:
+            plane = request.getfixturevalue("k8s_local_control_plane_session")
+            yield from _real_node_layer(plane, request.getfixturevalue("k8s_terminal"))
+            return
+        print(f"k8s_kind: the real node is unavailable ({reason}); falling back", file=sys.stderr)
+        request.config.stash[_FALLBACK] = reason
+    if k8s_settings.node != "kwok" and docker_daemon_available():
         yield from _kind_layer(k8s_settings, tmp_path_factory)
     else:
         plane = request.getfixturevalue("k8s_local_control_plane_session")
         yield from _kwok_layer(k8s_settings, plane)
+
+
+def _real_node_unavailable(settings: EnvSettings) -> str | None:
+    """Why the real node cannot run here, or None; under `real` or MILES_K8S_REQUIRE that fails."""
+    reason = real_node_unavailable(settings.node)
+    if reason is not None and (settings.node == "real" or settings.require):
+        pytest.fail(
+            f"{reason}\n(MILES_K8S_NODE={settings.node}, MILES_K8S_REQUIRE="
+            f"{int(settings.require)}: the real node is required, so this fails)"
+        )
+    return reason
+
+
+def _real_node_layer(
+    plane: LocalControlPlane, say: Callable[[str], None]
+) -> Iterator[KubeletLayer]:
+    node = RealNode.on(plane, binaries=ensure_node_binaries(log=say))
+    node.start()
+    say(f"k8s_kind: real node {node.node_name} up in {node.started_seconds:.1f}s")
+    try:
+        yield KubeletLayer(
+            name=LayerName.REAL, kubeconfig=plane.cached_kubeconfig, failure=node.failure
+        )
+    finally:
+        node.stop()
 
 
 def _kind_layer(
@@ -118,3 +160,5 @@ def pytest_terminal_summary(
     if counts:
         ran_on = ", ".join(f"{name} ({n} tests)" for name, n in sorted(counts.items()))
         terminalreporter.write_line(f"k8s_kind kubelet layer: {ran_on}")
+    if (reason := config.stash.get(_FALLBACK, None)) is not None:
+        terminalreporter.write_line(f"k8s_kind: not on the real node: {reason}")

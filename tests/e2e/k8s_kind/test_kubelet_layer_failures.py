@@ -159,4 +159,6 @@ async def test_pod_never_scheduled_fails_naming_what_and_how_long(
 def _create_ready_node(api: ApiAccess, name: str) -> None:
     node = api.request("POST", "/api/v1/nodes", fake_node_manifest(name, selector_value=UNMANAGED))
     node["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "Test"}]}
+    # Unconditional: a controller manager (real node) may have tainted the node since the POST.
+    node["metadata"].pop("resourceVersion")
     api.request("PUT", f"/api/v1/nodes/{name}/status", node)

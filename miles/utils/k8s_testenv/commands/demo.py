@@ -2,9 +2,11 @@
 
 Three cells of four engine pods go through a scale-up, a container restart, a graceful delete, a
 move to another cell, an apiserver restart and a pod leaving the selector, while the loop's live
-view is drawn. The verdict compares the loop's view with a fresh LIST. Where no KWOK plays the
-kubelet, the demo writes the pod status a kubelet would (Running, a restart, the final delete of a
-terminating pod) itself.
+view is drawn. The verdict compares the loop's view with a fresh LIST. On the real node the
+engines are containers: the scheduler places them, the restart is a real crash loop (the engine
+exits 3 twice, the kubelet backs off) and the graceful delete a real SIGTERM handled within the
+grace period. Where no KWOK plays the kubelet either, the demo writes the pod status a kubelet would
+(Running, a restart, the final delete of a terminating pod) itself.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ ENGINES_PER_CELL = 4
 CONTAINER = "engine"
 IMAGE = "miles/engine:demo"
 GRACE_SECONDS = 3
+TERM_DELAY_SECONDS = 1.0
+"""How long the real node's engine takes to exit on SIGTERM, well inside GRACE_SECONDS."""
+CRASH_EXIT_CODE = 3
 CONVERGE_TIMEOUT = 60.0
 STEP_PAUSE = 2.5
 T = TypeVar("T")
@@ -62,6 +67,11 @@ class DemoPlane(Protocol):
     @property
     def has_kubelet(self) -> bool:
         """Whether KWOK (or a kubelet) moves pods to Running and finishes graceful deletes."""
+        ...
+
+    @property
+    def real_node(self) -> bool:
+        """Whether a real kubelet runs the engines as containers (and a scheduler places them)."""
         ...
 
     async def restart_apiserver(self) -> None: ...
@@ -116,17 +126,26 @@ def engine_name(cell: str, index: int) -> str:
     return f"{cell}-engine-{index}"
 
 
-def engine_manifest(name: str, cell: str, node: str) -> dict[str, Any]:
+def engine_manifest(name: str, cell: str, node: str, *, real_node: bool = False) -> dict[str, Any]:
+    """A pod bound to `node`; on the real node, the engine image, placed by the scheduler."""
+    from miles.utils.k8s_testenv.kubelet import engine_container
+
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "containers": [{"name": CONTAINER, "image": IMAGE}],
+        "tolerations": [{"operator": "Exists"}],
+    }
+    if real_node:
+        spec["containers"] = [
+            engine_container(name=CONTAINER, term_delay_seconds=TERM_DELAY_SECONDS)
+        ]
+    else:
+        spec["nodeName"] = node
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {APP_LABEL: APP, CELL_LABEL: cell}},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": GRACE_SECONDS,
-            "containers": [{"name": CONTAINER, "image": IMAGE}],
-            "tolerations": [{"operator": "Exists"}],
-        },
+        "spec": spec,
     }
 
 
@@ -181,9 +200,10 @@ class DemoCluster:
         names = []
         for cell, index in cells_and_indices:
             name = engine_name(cell, index)
-            await self.core.create_namespaced_pod(
-                NAMESPACE, engine_manifest(name, cell, self._plane.node_name)
+            manifest = engine_manifest(
+                name, cell, self._plane.node_name, real_node=self._plane.real_node
             )
+            await self.core.create_namespaced_pod(NAMESPACE, manifest)
             names.append(name)
         if not self._plane.has_kubelet:
             for name in names:
@@ -198,6 +218,9 @@ class DemoCluster:
 
         pod = await self.core.read_namespaced_pod(name, NAMESPACE)
         wanted = _restarts(pod) + 1
+        if self._plane.real_node:
+            await self._crash_loop(name, wanted)
+            return
         if self._plane.has_kubelet:
             annotation = {RESTART_COUNT_ANNOTATION: str(wanted)}
             await self.core.patch_namespaced_pod(
@@ -208,6 +231,20 @@ class DemoCluster:
         await self.wait_for(
             lambda pods: name in pods and _restarts(pods[name]) >= wanted, f"{name} to restart"
         )
+
+    async def _crash_loop(self, name: str, wanted: int) -> None:
+        """The engine exits twice; after the second exit the kubelet backs off (CrashLoopBackOff)
+        before starting it again."""
+        from miles.utils.k8s_testenv.kubelet import crash_engine
+
+        await crash_engine(self.core, namespace=NAMESPACE, name=name, exit_code=CRASH_EXIT_CODE)
+        await self.wait_for(lambda pods: _running_after(pods.get(name), wanted), f"{name} back")
+        await crash_engine(self.core, namespace=NAMESPACE, name=name, exit_code=CRASH_EXIT_CODE)
+        await self.wait_for(
+            lambda pods: _waiting_reason(pods.get(name)) == "CrashLoopBackOff",
+            f"{name} in CrashLoopBackOff",
+        )
+        await self.wait_for(lambda pods: _running_after(pods.get(name), wanted + 1), f"{name} back")
 
     async def graceful_delete(self, name: str) -> None:
         await self.core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=GRACE_SECONDS)
@@ -253,14 +290,37 @@ def _phase(pod: Any) -> str | None:
     return None if pod is None else pod.status.phase
 
 
+def _waiting_reason(pod: Any) -> str | None:
+    statuses = (pod.status.container_statuses or []) if pod is not None else []
+    waiting = statuses[0].state.waiting if statuses else None
+    return None if waiting is None else waiting.reason
+
+
+def _running_after(pod: Any, restarts: int) -> bool:
+    statuses = (pod.status.container_statuses or []) if pod is not None else []
+    return bool(statuses) and _restarts(pod) >= restarts and statuses[0].state.running is not None
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     caption: str
     act: Callable[[DemoCluster, DemoPlane], Awaitable[None]]
 
 
-def story() -> list[Step]:
+def story(*, real_node: bool = False) -> list[Step]:
     moved, leaver = engine_name("cell-0", 3), engine_name("cell-1", 0)
+    restart = (
+        f"container restart: cell-2-engine-1's engine crashes twice (exit {CRASH_EXIT_CODE}), "
+        "a real crash loop: CrashLoopBackOff, then running again"
+        if real_node
+        else "container restart: cell-2-engine-1's engine exits and comes back"
+    )
+    delete = (
+        f"graceful delete: cell-2-engine-3 gets SIGTERM and exits {TERM_DELAY_SECONDS:.0f}s "
+        f"later, inside its {GRACE_SECONDS}s grace"
+        if real_node
+        else f"graceful delete: cell-2-engine-3 terminates over {GRACE_SECONDS}s"
+    )
     return [
         Step(
             f"create the pool: {len(CELLS)} cells x {ENGINES_PER_CELL} engines",
@@ -272,14 +332,8 @@ def story() -> list[Step]:
             "scale-up: cell-1 gets a fifth engine",
             lambda c, _: c.create_engines([("cell-1", ENGINES_PER_CELL)]),
         ),
-        Step(
-            "container restart: cell-2-engine-1's engine exits and comes back",
-            lambda c, _: c.restart_container(engine_name("cell-2", 1)),
-        ),
-        Step(
-            f"graceful delete: cell-2-engine-3 terminates over {GRACE_SECONDS}s",
-            lambda c, _: c.graceful_delete(engine_name("cell-2", 3)),
-        ),
+        Step(restart, lambda c, _: c.restart_container(engine_name("cell-2", 1))),
+        Step(delete, lambda c, _: c.graceful_delete(engine_name("cell-2", 3))),
         Step(
             f"move: {moved} is relabelled into cell-2",
             lambda c, _: c.relabel(moved, {CELL_LABEL: "cell-2"}),
@@ -335,7 +389,7 @@ async def _play_story(
 ) -> Verdict:
     async with _demo_loop(cluster.core, view) as loop, redrawing(view, enabled=tty):
         view.start_marking(synced_pool(loop))
-        steps = story()
+        steps = story(real_node=plane.real_node)
         for number, step in enumerate(steps, start=1):
             view.caption = [f"step {number}/{len(steps)}: {step.caption}"]
             view.draw()

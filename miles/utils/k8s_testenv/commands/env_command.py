@@ -1,9 +1,12 @@
 """``miles-reconcile env up|down`` and the control plane the demo runs on.
 
 Wraps ``miles.utils.k8s_testenv`` (Go: envtest plus kwokctl): builds the pinned binaries with a
-progress display, starts etcd, both kube-apiservers and KWOK with one fake node (its ``KwokAddon``),
-and either leaves them running (``env up``; ``env down`` stops every process naming the plane's
-folder, KWOK included) or owns them for the length of a demo. A plane's name is its folder's.
+progress display, starts etcd, both kube-apiservers and a kubelet: the real node
+(``RealNodeAddon``: containerd, kubelet, scheduler, controller manager) when it can run here, else
+KWOK with one fake node (``KwokAddon``), saying which and why; and either leaves them running
+(``env up``; ``env down`` stops every process naming the plane's folder, KWOK or the real node
+included, and undoes the real node's host changes) or owns them for the length of a demo. A
+plane's name is its folder's.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ class LocalPlane:
     plane: Any
     node_name: str
     has_kubelet: bool
+    real_node: bool = False
+    """Pods run in containers on this host: the scheduler places them, the kubelet restarts them."""
 
     @property
     def kubeconfig(self) -> str:
@@ -62,27 +67,50 @@ async def build_binaries(*, out: TextIO) -> tuple[Any, bool]:
     return paths, True
 
 
+async def real_node_addon(*, out: TextIO) -> Any | None:
+    """The real node's addon when it can run here (binaries built), else None, saying why."""
+    from miles.utils.k8s_testenv.binaries import ensure_node_binaries
+    from miles.utils.k8s_testenv.errors import PrerequisiteError
+    from miles.utils.k8s_testenv.real_node import RealNodeAddon, real_node_unavailable
+    from miles.utils.k8s_testenv.settings import EnvSettings
+
+    setting = EnvSettings.from_env().node
+    reason = real_node_unavailable(setting)
+    if reason is not None and setting == "real":
+        raise PrerequisiteError(f"MILES_K8S_NODE=real, but {reason}")
+    if reason is not None:
+        out.write(f"kubelet: KWOK (no real node: {reason.splitlines()[0]})\n")
+        return None
+    binaries = await run_with_progress(
+        lambda log: ensure_node_binaries(log=log), stream=out, tty=out.isatty()
+    )
+    out.write("kubelet: the real node (containerd, runc, kubelet, scheduler, controller manager)\n")
+    return RealNodeAddon(binaries=binaries)
+
+
 async def start_plane(*, out: TextIO, keep: bool | None) -> LocalPlane:
     from miles.utils.k8s_testenv.control_plane import LocalControlPlane
     from miles.utils.k8s_testenv.kwok import KwokAddon
 
     binaries, with_kwok = await build_binaries(out=out)
-    kwok = KwokAddon(start_timeout=KWOK_START_TIMEOUT) if with_kwok else None
+    real = await real_node_addon(out=out)
+    kwok = KwokAddon(start_timeout=KWOK_START_TIMEOUT) if with_kwok and real is None else None
+    addon = real or kwok
     plane = LocalControlPlane(
         binaries=binaries,
-        addons=[kwok] if kwok is not None else [],
+        addons=[addon] if addon is not None else [],
         keep=keep,
         announce=lambda _: None,
     )
     started = time.monotonic()
-    out.write("starting etcd, two kube-apiservers" + (" and KWOK ...\n" if kwok else " ...\n"))
+    kubelet = " and the real node" if real else " and KWOK" if kwok else ""
+    out.write(f"starting etcd, two kube-apiservers{kubelet} ...\n")
     out.flush()
     await finish_blocking(plane.start, on_cancel=plane.stop)
     out.write(f"control plane ready in {time.monotonic() - started:.1f}s\n")
+    node_name = real.node.node_name if real else kwok.node_name if kwok else NO_KUBELET_NODE
     return LocalPlane(
-        plane=plane,
-        node_name=kwok.node_name if kwok else NO_KUBELET_NODE,
-        has_kubelet=kwok is not None,
+        plane=plane, node_name=node_name, has_kubelet=addon is not None, real_node=real is not None
     )
 
 
