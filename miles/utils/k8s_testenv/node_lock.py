@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -114,18 +114,27 @@ class NodeLock:
             self._handle = None
 
 
-def lock_holder(path: Path = LOCK_PATH) -> str | None:
-    """Why a real node cannot start now (one runs, or a killed run's is left), or None."""
-    if not path.exists():
-        return None
+@contextlib.contextmanager
+def _try_lock(path: Path) -> Iterator[tuple[IO[str] | None, NodeRecord | None]]:
+    """The lock file's handle if the lock could be taken (held for the block), else None, and
+    its record either way."""
     with path.open("a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            record = _read(handle)
+            yield None, _read(handle)
+            return
+        yield handle, _read(handle)
+
+
+def lock_holder(path: Path = LOCK_PATH) -> str | None:
+    """Why a real node cannot start now (one runs, or a killed run's is left), or None."""
+    if not path.exists():
+        return None
+    with _try_lock(path) as (handle, record):
+        if handle is None:
             owner = f" (owner pid {record.owner_pid})" if record is not None else ""
             return f"a real node is already running on this machine{owner}"
-        record = _read(handle)
         if record is not None and record.left_behind():
             return f"a real node left by a killed run is still in {record.node_dir}"
         return None
@@ -139,13 +148,8 @@ def clean_leftover_node(
     none, or a live node holds the lock."""
     if not path.exists():
         return False
-    with path.open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        record = _read(handle)
-        if record is None or not record.left_behind():
+    with _try_lock(path) as (handle, record):
+        if handle is None or record is None or not record.left_behind():
             return False
         if within is not None and not any(record.node_dir.is_relative_to(d) for d in within):
             return False

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +121,17 @@ class CellHarness:
 
     def last_reconciled(self, cell: str) -> Reconciled | None:
         return next((r for r in reversed(self.reconciled) if r.parent == cell), None)
+
+    def reconciled_when(
+        self, cell: str, holds: Callable[[Reconciled], bool]
+    ) -> Callable[[], Reconciled | None]:
+        """A probe for `eventually`: the last reconcile of `cell`, once `holds` is true of it."""
+
+        def probe() -> Reconciled | None:
+            last = self.last_reconciled(cell)
+            return last if last is not None and holds(last) else None
+
+        return probe
 
     def describe(self, cell: str) -> str:
         pods = [

@@ -16,7 +16,7 @@ import pytest
 from miles.utils.k8s_testenv.kubelet import KubeletLayer
 from miles.utils.workers.reconcile.k8s_api import PodWatchEvent
 from miles.utils.workers.reconcile.k8s_types import Pod
-from tests.e2e.k8s_kind.cell_harness import CellHarness, Reconciled, is_running_and_ready
+from tests.e2e.k8s_kind.cell_harness import CellHarness, is_running_and_ready
 
 pytestmark = pytest.mark.k8s_kind
 
@@ -47,7 +47,7 @@ async def test_deleting_a_pod_shrinks_the_cell_by_exactly_that_member(
         seen_before = len(cells.reconciled)
         await cells.delete_pod("a-1", grace_period_seconds=0)
         await kubelet_layer.eventually(
-            _reconciled_when(cells, "a", lambda r: r.names == {"a-0", "a-2"}),
+            cells.reconciled_when("a", lambda r: r.names == {"a-0", "a-2"}),
             what="a reconcile of cell 'a' seeing it without a-1",
             timeout_seconds=EVENT_SECONDS,
             seen=lambda: cells.describe("a"),
@@ -109,7 +109,7 @@ async def test_gracefully_terminating_pod_stays_a_member_until_deleted(
         deleted_at = loop.time()
         await cells.delete_pod("a-0", grace_period_seconds=grace)
         await kubelet_layer.eventually(
-            _reconciled_when(cells, "a", lambda r: _deleting(r.members, "a-0")),
+            cells.reconciled_when("a", lambda r: _deleting(r.members, "a-0")),
             what="a reconcile of cell 'a' seeing a-0 with a deletionTimestamp",
             timeout_seconds=EVENT_SECONDS,
             seen=lambda: cells.describe("a"),
@@ -141,7 +141,7 @@ async def test_pod_that_reaches_succeeded_stays_a_member(kubelet_layer: KubeletL
         await cells.converge("a", {"a-0"}, timeout_seconds=CONVERGE_SECONDS)
         await kubelet_layer.complete(cells.core_v1, namespace=cells.namespace, name="a-0")
         reconciled = await kubelet_layer.eventually(
-            _reconciled_when(cells, "a", lambda r: all(_succeeded(p) for p in r.members)),
+            cells.reconciled_when("a", lambda r: all(_succeeded(p) for p in r.members)),
             what="a reconcile of cell 'a' seeing a-0 Succeeded",
             timeout_seconds=EVENT_SECONDS,
             seen=lambda: cells.describe("a"),
@@ -167,7 +167,7 @@ async def test_deleting_every_pod_empties_the_cell_and_reconciles_its_parent(
         for name in ("a-0", "a-1"):
             await cells.delete_pod(name, grace_period_seconds=0)
         emptied = await kubelet_layer.eventually(
-            _reconciled_when(cells, "a", lambda r: not r.members),
+            cells.reconciled_when("a", lambda r: not r.members),
             what="a reconcile of cell 'a' seeing no members",
             timeout_seconds=EVENT_SECONDS,
             seen=lambda: cells.describe("a"),
@@ -237,16 +237,6 @@ def _bookmark_at_or_past(event: PodWatchEvent | None, resource_version: int) -> 
 
 def _succeeded(pod: Pod) -> bool:
     return pod.status.phase == "Succeeded"
-
-
-def _reconciled_when(
-    cells: CellHarness, cell: str, holds: Callable[[Reconciled], bool]
-) -> Callable[[], Reconciled | None]:
-    def probe() -> Reconciled | None:
-        last = cells.last_reconciled(cell)
-        return last if last is not None and holds(last) else None
-
-    return probe
 
 
 def _running_again(cells: CellHarness, name: str) -> bool:

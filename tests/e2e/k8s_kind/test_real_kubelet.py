@@ -110,14 +110,15 @@ async def _agrees_with_a_fresh_list(cells: CellHarness, cell: str) -> dict[str, 
     )
 
 
-def _reconciled_when(
-    cells: CellHarness, cell: str, holds: Callable[[Reconciled], bool]
-) -> Callable[[], Reconciled | None]:
-    def probe() -> Reconciled | None:
-        last = cells.last_reconciled(cell)
-        return last if last is not None and holds(last) else None
+def _restarted_at_least(times: int) -> Callable[[Reconciled], bool]:
+    def holds(reconciled: Reconciled) -> bool:
+        return any(
+            bool(p.status.container_statuses)
+            and p.status.container_statuses[0].restart_count >= times
+            for p in reconciled.members
+        )
 
-    return probe
+    return holds
 
 
 def _ready(pod: Pod) -> bool:
@@ -140,8 +141,7 @@ async def test_readiness_probe_makes_the_pod_ready_and_its_failure_flips_ready(
         await cells.converge("a", {"a-0"}, timeout_seconds=CONVERGE_SECONDS)
         await set_engine_health(cells.core_v1, namespace=cells.namespace, name="a-0", healthy=False)
         unready = await real_layer.eventually(
-            _reconciled_when(
-                cells,
+            cells.reconciled_when(
                 "a",
                 lambda r: any(not _ready(p) for p in r.members if p.status.phase == "Running"),
             ),
@@ -168,15 +168,7 @@ async def test_a_crash_raises_restart_count_with_its_exit_code_then_crash_loop_b
         for restarts in (1, 2):
             await crash_engine(cells.core_v1, namespace=cells.namespace, name="a-0", exit_code=7)
             await real_layer.eventually(
-                _reconciled_when(
-                    cells,
-                    "a",
-                    lambda r, n=restarts: any(  # type: ignore[misc]
-                        p.status.container_statuses
-                        and p.status.container_statuses[0].restart_count >= n
-                        for p in r.members
-                    ),
-                ),
+                cells.reconciled_when("a", _restarted_at_least(restarts)),
                 what=f"a reconcile of cell 'a' seeing a-0 restarted {restarts} times",
                 timeout_seconds=EVENT_SECONDS,
                 seen=lambda: cells.describe("a"),
@@ -215,8 +207,7 @@ async def test_graceful_delete_runs_the_sigterm_handler_inside_the_grace_period(
         deleted_at = loop.time()
         await cells.delete_pod("a-0", grace_period_seconds=grace)
         terminating = await real_layer.eventually(
-            _reconciled_when(
-                cells,
+            cells.reconciled_when(
                 "a",
                 lambda r: any(
                     p.metadata.name == "a-0" and p.metadata.deletion_timestamp for p in r.members
@@ -251,8 +242,7 @@ async def test_graceful_delete_runs_the_sigterm_handler_inside_the_grace_period(
 
 async def _wait_for_cell(cells: CellHarness, cell: str, count: int) -> Reconciled:
     return await cells.layer.eventually(
-        _reconciled_when(
-            cells,
+        cells.reconciled_when(
             cell,
             lambda r: (
                 len(r.members) == count
@@ -296,8 +286,7 @@ async def test_statefulset_scales_and_a_deleted_pod_returns_under_its_name_with_
         assert old is not None
         await cells.delete_pod("eng-0", grace_period_seconds=1)
         recreated = await real_layer.eventually(
-            _reconciled_when(
-                cells,
+            cells.reconciled_when(
                 "s",
                 lambda r: any(
                     p.metadata.name == "eng-0"
@@ -337,8 +326,7 @@ async def test_deployment_rollout_replaces_every_pod_of_the_cell(real_layer: Kub
             "web", cells.namespace, {"spec": {"template": _template("d", version="2")}}
         )
         after = await real_layer.eventually(
-            _reconciled_when(
-                cells,
+            cells.reconciled_when(
                 "d",
                 lambda r: (
                     len(r.members) == 2

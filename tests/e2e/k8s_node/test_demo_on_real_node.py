@@ -37,13 +37,14 @@ def test_demo_runs_on_the_real_node_with_a_crash_loop_and_a_graceful_delete(
         check=False,
     )
     stdout, stderr = result.stdout.decode(), result.stderr.decode()
-    assert "kubelet: the real node" in stderr, stderr[-3000:]
-    assert "a real crash loop: CrashLoopBackOff" in stdout
-    assert "gets SIGTERM and exits" in stdout
+    output = f"stdout (tail):\n{stdout[-3000:]}\nstderr (tail):\n{stderr[-3000:]}"
+    assert "kubelet: the real node" in stderr, output
+    assert "a real crash loop: CrashLoopBackOff" in stdout, output
+    assert "gets SIGTERM and exits" in stdout, output
     verdicts = [line for line in stdout.splitlines() if line.startswith("verdict:")]
-    assert verdicts, f"{stdout[-3000:]}\n{stderr[-3000:]}"
-    assert verdicts[-1].startswith("verdict: match"), stdout[-3000:]
-    assert result.returncode == 0, stderr[-3000:]
+    assert verdicts, output
+    assert verdicts[-1].startswith("verdict: match"), output
+    assert result.returncode == 0, output
     assert "Traceback" not in stderr
     assert before.differences() == []
     assert real_node_unavailable() is None, "the demo's node still holds the machine"

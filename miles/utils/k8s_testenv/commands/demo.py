@@ -240,8 +240,12 @@ class DemoCluster:
         await crash_engine(self.core, namespace=NAMESPACE, name=name, exit_code=CRASH_EXIT_CODE)
         await self.wait_for(lambda pods: _running_after(pods.get(name), wanted), f"{name} back")
         await crash_engine(self.core, namespace=NAMESPACE, name=name, exit_code=CRASH_EXIT_CODE)
+        # The back-off lasts 5 s: a slow LIST may see the pod only once it runs again.
         await self.wait_for(
-            lambda pods: _waiting_reason(pods.get(name)) == "CrashLoopBackOff",
+            lambda pods: (
+                _waiting_reason(pods.get(name)) == "CrashLoopBackOff"
+                or _running_after(pods.get(name), wanted + 1)
+            ),
             f"{name} in CrashLoopBackOff",
         )
         await self.wait_for(lambda pods: _running_after(pods.get(name), wanted + 1), f"{name} back")
