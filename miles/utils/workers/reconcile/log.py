@@ -30,3 +30,14 @@ def default_loop_name(namespace: str, label_selector: str) -> str:
     """A loop's name when none is given: ``namespace/selector`` (``namespace`` alone if the
     selector is empty)."""
     return f"{namespace}/{label_selector}" if label_selector else namespace
+
+
+def describe(value: object, limit: int = 200) -> str:
+    """``value``'s type and its repr cut to ``limit`` characters, for a log line about bad input;
+    never raises, whatever ``__repr__`` does."""
+    try:
+        text = repr(value)
+    except Exception as exc:
+        return f"<unrepresentable {type(value).__name__}: {exc!r}>"
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(value).__name__} {text}"

@@ -3,34 +3,57 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
+from miles.utils.workers.reconcile.arguments import optional_period, positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock
+from miles.utils.workers.reconcile.log import NamedLogger
 from miles.utils.workers.reconcile.object_store import KeyMapFn, ObjectStore
 from miles.utils.workers.reconcile.retry_scheduler import RetryScheduler
 from miles.utils.workers.reconcile.source_event import ParentKey, SourceWatchFn
 from miles.utils.workers.reconcile.source_stream_driver import SourceStreamDriver
+from miles.utils.workers.reconcile.status import (
+    LoopStatus,
+    ReconcileInFlight,
+    RetryStatus,
+    SourceStatus,
+    StatusReporter,
+)
 from miles.utils.workers.reconcile.work_queue import WorkQueue
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_RESYNC_PERIOD = 36000.0
+DEFAULT_SLOW_RECONCILE_AFTER = 60.0
+DEFAULT_NAME = "reconcile"
 ReconcileFn = Callable[[ParentKey], Awaitable[None]]
 
 _STOP_INSIDE_RECONCILE = (
     "stop() awaited inside reconcile would cancel the reconcile awaiting it; "
     "schedule it instead with asyncio.create_task(loop.stop())"
 )
+_FATAL = (KeyboardInterrupt, SystemExit)
+
+
+class ReconcileLoopError(RuntimeError):
+    """The loop stopped on its own because one of its tasks died; ``__cause__`` is why.
+
+    Raised into the body of ``async with loop:`` (which the death cancels, as a failing task
+    cancels the body of an ``asyncio.TaskGroup``), and by ``stop()`` and ``wait()``: Go's
+    ``Controller.Start`` returns the error.
+    """
 
 
 class ReconcileLoop:
     """Calls ``reconcile(parent)`` for every parent whose objects changed, one parent at a time.
 
     ``start`` returns once the store holds a whole listing; ``stop`` cancels every task of the loop
-    and waits for them. Prefer ``async with loop:``. Construct it inside a running event loop.
+    and waits for them. Prefer ``async with loop:``. Construct it inside a running event loop, and
+    use it on that one only.
     """
 
     def __init__(
@@ -39,37 +62,70 @@ class ReconcileLoop:
         source: SourceWatchFn,
         reconcile: ReconcileFn,
         key_map: KeyMapFn | None = None,
-        resync_period: float = DEFAULT_RESYNC_PERIOD,
+        resync_period: float | None = DEFAULT_RESYNC_PERIOD,
         failure_base_delay: float = 1.0,
         failure_max_delay: float = 60.0,
         source_retry_delay: float = 1.0,
         clock: Clock | None = None,
+        name: str | None = None,
+        slow_reconcile_after: float = DEFAULT_SLOW_RECONCILE_AFTER,
+        reconcile_timeout: float | None = None,
     ) -> None:
-        self._reconcile = reconcile
-        self._resync_period = resync_period
-        self._clock: Clock = RealClock() if clock is None else clock
-        self._store = ObjectStore(key_map=key_map)
-        self._queue: WorkQueue[ParentKey] = WorkQueue()
-        self._retries: RetryScheduler[ParentKey] = RetryScheduler(
-            on_retry=self._queue.add,
-            failure_base_delay=failure_base_delay,
-            failure_max_delay=failure_max_delay,
-            clock=self._clock,
+        self._resync_period = optional_period("resync_period", resync_period)
+        positive_finite("failure_base_delay", failure_base_delay)
+        positive_finite("failure_max_delay", failure_max_delay)
+        source_retry_delay = positive_finite("source_retry_delay", source_retry_delay)
+        self._slow_after = positive_finite("slow_reconcile_after", slow_reconcile_after)
+        self._timeout = (
+            None
+            if reconcile_timeout is None
+            else positive_finite("reconcile_timeout", reconcile_timeout)
         )
+        self._event_loop = asyncio.get_running_loop()
+        self._reporter = _status_reporter(source)
+        self.name = _loop_name(name, source, self._reporter)
+        self._log = NamedLogger(logger, self.name)
+        self._reconcile = reconcile
+        self._clock: Clock = RealClock() if clock is None else clock
+        self._store = ObjectStore(key_map=key_map, name=self.name)
+        self._queue: WorkQueue[ParentKey] = WorkQueue()
         self._driver = SourceStreamDriver(
             source=source,
             store=self._store,
             on_affected=self._queue.add_all,
             retry_delay=source_retry_delay,
             clock=self._clock,
+            name=self.name,
+        )
+        self._retries: RetryScheduler[ParentKey] = RetryScheduler(
+            on_retry=self._queue.add,
+            failure_base_delay=failure_base_delay,
+            failure_max_delay=failure_max_delay,
+            clock=self._clock,
+            name=self.name,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._worker: asyncio.Task[None] | None = None
+        self._owner: asyncio.Task[Any] | None = None
+        self._owner_cancelled = False
+        self._exiting = False
         self._started = False
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._died = asyncio.Event()
+        self._error: BaseException | None = None
+        self.reconciles = 0
+        self.reconcile_failures = 0
+        self.reconcile_timeouts = 0
+        self.reconcile_seconds_total = 0.0
+        self._in_flight: ParentKey | None = None
+        self._in_flight_since = 0.0
+        self._in_flight_seq = 0
+        self._slow_logged_seq = 0
+        self._timing_out_seq = 0
 
     async def start(self) -> None:
+        self._check_event_loop("start()")
         if self._started or self._stopping:
             raise RuntimeError("start() may be called once per ReconcileLoop, before stop()")
         self._started = True
@@ -77,19 +133,42 @@ class ReconcileLoop:
             driver = self._spawn(self._driver.run(), "reconcile-source-driver")
             await self._wait_for_sync(driver)
             self._worker = self._spawn(self._work(), "reconcile-worker")
-            if self._resync_period > 0:
-                self._spawn(self._resync(), "reconcile-resync")
+            self._spawn(self._watch_reconciles(), "reconcile-watchdog")
+            if self._resync_period is not None:
+                self._spawn(self._resync(self._resync_period), "reconcile-resync")
         except BaseException:
             await self._shut_down()
             raise
+        self._log.debug("started: synced, worker running")
 
     async def stop(self) -> None:
+        """Cancels every task of the loop and waits for them; raises ``ReconcileLoopError`` if
+        the loop had already stopped on its own."""
         if self._worker is not None and asyncio.current_task() is self._worker:
             raise AssertionError(_STOP_INSIDE_RECONCILE)
+        if asyncio.get_running_loop() is not self._event_loop:
+            if self._event_loop.is_closed():
+                return
+            self._check_event_loop("stop()")
         await self._shut_down()
+        self._raise_error()
+
+    async def wait(self) -> None:
+        """Waits until the loop stops: returns after ``stop()``, raises ``ReconcileLoopError`` if
+        it stopped on its own. Go: ``Controller.Start`` blocking until it returns."""
+        stopped = asyncio.create_task(self._stopped.wait())
+        died = asyncio.create_task(self._died.wait())
+        try:
+            await asyncio.wait([stopped, died], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            died.cancel()
+            await asyncio.wait([stopped, died])
+        self._raise_error()
 
     async def __aenter__(self) -> ReconcileLoop:
         await self.start()
+        self._owner = asyncio.current_task()
         return self
 
     async def __aexit__(
@@ -98,7 +177,17 @@ class ReconcileLoop:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await self.stop()
+        self._exiting = True
+        owner, cancelled_by_us = self._owner, self._owner_cancelled
+        self._owner = None
+        if cancelled_by_us and owner is not None:
+            owner.uncancel()
+            if exc_type is None:
+                await _absorb_pending_cancellation(owner)
+        await self._shut_down()
+        ours = cancelled_by_us and exc_type is asyncio.CancelledError
+        if exc_type is None or (ours and owner is not None and owner.cancelling() == 0):
+            self._raise_error()
 
     def get_by_parent(self, parent: ParentKey) -> list[Any]:
         return self._store.get_by_parent(parent)
@@ -106,10 +195,95 @@ class ReconcileLoop:
     def parent_keys(self) -> set[ParentKey]:
         return self._store.parent_keys()
 
+    def status(self) -> LoopStatus:
+        """A frozen snapshot of the loop; costs O(parents waiting for a retry)."""
+        now = self._clock.time()
+        in_flight = None
+        if self._in_flight is not None:
+            in_flight = ReconcileInFlight(
+                self._in_flight,
+                self._in_flight_since,
+                self._slow_logged_seq == self._in_flight_seq,
+            )
+        retries = tuple(
+            RetryStatus(retry.key, retry.failures, retry.due_at, retry.last_error)
+            for retry in self._retries.pending()
+        )
+        return LoopStatus(
+            name=self.name,
+            taken_at=now,
+            synced=self._driver.synced,
+            source=self.source_status(),
+            events_applied=self._driver.events_applied,
+            reconciles=self.reconciles,
+            reconcile_failures=self.reconcile_failures,
+            queue_depth=len(self._queue),
+            retries=retries,
+            in_flight=in_flight,
+            reconcile_timeouts=self.reconcile_timeouts,
+            stopped=self._stopped.is_set() or self._error is not None,
+            error=None if self._error is None else _one_line(self._error),
+        )
+
+    def source_status(self) -> SourceStatus:
+        """The source's own report if it is a ``StatusReporter``, else what the driver saw."""
+        if self._reporter is not None:
+            try:
+                return self._reporter.source_status()
+            except Exception as exc:
+                status = self._driver.source_status()
+                return _with_error(status, f"source_status() raised {exc!r}", self._clock)
+        return self._driver.source_status()
+
+    @property
+    def queue(self) -> WorkQueue[ParentKey]:
+        return self._queue
+
+    @property
+    def retry_scheduler(self) -> RetryScheduler[ParentKey]:
+        return self._retries
+
+    def in_flight_since(self) -> float | None:
+        return None if self._in_flight is None else self._in_flight_since
+
+    def _check_event_loop(self, what: str) -> None:
+        if asyncio.get_running_loop() is not self._event_loop:
+            raise RuntimeError(
+                f"{what} called on another event loop than the one this ReconcileLoop"
+                f" ({self.name!r}) was constructed on; construct it inside the event loop that"
+                " runs it (its retry poller already runs on the first one)"
+            )
+
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._on_task_done)
         self._tasks.append(task)
         return task
+
+    def _on_task_done(self, task: asyncio.Task[None]) -> None:
+        if self._stopping or self._error is not None:
+            return
+        if task.cancelled():
+            error: BaseException = asyncio.CancelledError(f"{task.get_name()} was cancelled")
+        else:
+            error = task.exception() or RuntimeError(f"{task.get_name()} returned")
+        self._error = error
+        self._log.error("%s died, so the loop stops: %r", task.get_name(), error, exc_info=error)
+        for other in self._tasks:
+            other.cancel()
+        self._queue.shutdown()
+        self._retries.cancel()
+        self._died.set()
+        owner = self._owner
+        if owner is not None and not self._exiting and not owner.done():
+            self._owner_cancelled = True
+            owner.cancel(f"reconcile loop {self.name!r} stopped: {error!r}")
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise ReconcileLoopError(
+                f"reconcile loop {self.name!r} stopped: {_one_line(self._error)}"
+            ) from self._error
 
     async def _wait_for_sync(self, driver: asyncio.Task[None]) -> None:
         synced = asyncio.create_task(self._driver.wait_for_sync())
@@ -119,6 +293,11 @@ class ReconcileLoop:
             synced.cancel()
             await asyncio.wait([synced])
         if synced.cancelled() or self._stopping:
+            if self._error is not None:
+                raise ReconcileLoopError(
+                    f"reconcile loop {self.name!r} stopped before the store synced:"
+                    f" {_one_line(self._error)}"
+                ) from self._error
             raise RuntimeError("the loop was stopped before the store synced")
 
     async def _shut_down(self) -> None:
@@ -137,37 +316,144 @@ class ReconcileLoop:
             await self._driver.aclose()
         finally:
             self._stopped.set()
+            self._log.debug("stopped")
 
     def _log_crashed_tasks(self) -> None:
         for task in self._tasks:
-            if not task.cancelled() and task.exception() is not None:
-                logger.error("%s crashed: %r", task.get_name(), task.exception())
+            if task.cancelled() or task.exception() in (None, self._error):
+                continue
+            self._log.error("%s crashed while stopping: %r", task.get_name(), task.exception())
 
     async def _work(self) -> None:
-        queue, reconcile, retries = self._queue, self._reconcile, self._retries
+        queue, reconcile, now = self._queue, self._reconcile, self._clock.time
+        task = asyncio.current_task()
+        assert task is not None
         while (parent := await queue.get()) is not None:
+            self._in_flight_seq = seq = self._in_flight_seq + 1
+            self._in_flight = parent
+            self._in_flight_since = started = now()
             try:
                 await reconcile(parent)
-            except asyncio.CancelledError as exc:
-                if _being_cancelled():
-                    raise
-                self._note_failure(parent, exc)
-            except Exception as exc:
-                self._note_failure(parent, exc)
+            except BaseException as exc:
+                error: BaseException | None = exc
             else:
-                retries.note_success(parent)
+                error = None
+            self._in_flight = None
+            elapsed = now() - started
+            self.reconciles += 1
+            self.reconcile_seconds_total += elapsed
+            timed_out = self._timing_out_seq == seq
+            if timed_out:
+                task.uncancel()
+            if error is None:
+                self._retries.note_success(parent)
+            else:
+                self._on_failure(parent, error, timed_out, task)
             await asyncio.sleep(0)
 
-    def _note_failure(self, parent: ParentKey, exc: BaseException) -> None:
-        logger.error("reconcile of parent %r failed, backing off: %r", parent, exc, exc_info=exc)
-        self._retries.note_failure(parent)
+    def _on_failure(
+        self, parent: ParentKey, error: BaseException, timed_out: bool, task: asyncio.Task[None]
+    ) -> None:
+        if isinstance(error, asyncio.CancelledError) and task.cancelling() > 0:
+            raise error
+        if isinstance(error, _FATAL):
+            self._log.critical(
+                "reconcile of parent %r raised %r: the loop stops", parent, error, exc_info=error
+            )
+            raise error
+        self.reconcile_failures += 1
+        if timed_out:
+            self.reconcile_timeouts += 1
+            reason = f"timed out after reconcile_timeout={self._timeout}s and was cancelled"
+            delay = self._retries.note_failure(parent, reason)
+            self._log.error("reconcile of parent %r %s; retrying in %.3gs", parent, reason, delay)
+            return
+        delay = self._retries.note_failure(parent, _one_line(error))
+        self._log.error(
+            "reconcile of parent %r failed, retrying in %.3gs: %r",
+            parent,
+            delay,
+            error,
+            exc_info=error,
+        )
 
-    async def _resync(self) -> None:
+    async def _watch_reconciles(self) -> None:
+        """Logs a reconcile once it has run ``slow_reconcile_after``; cancels it at
+        ``reconcile_timeout``. Sleeps until the next of those for the reconcile in flight, but
+        never longer than half the smaller of them, so a reconcile that starts meanwhile is seen
+        before its own first deadline, which is then met exactly."""
+        idle = min(self._slow_after, self._timeout or self._slow_after) / 2
+        clock = self._clock
         while True:
-            await self._clock.sleep(self._resync_period)
+            deadline = self._check_in_flight(clock.time())
+            await clock.sleep(idle if deadline is None else min(idle, deadline - clock.time()))
+
+    def _check_in_flight(self, now: float) -> float | None:
+        """Acts on the reconcile in flight; returns when it next needs looking at, if ever."""
+        parent, seq = self._in_flight, self._in_flight_seq
+        if parent is None:
+            return None
+        age = now - self._in_flight_since
+        if self._slow_logged_seq != seq and age >= self._slow_after:
+            self._slow_logged_seq = seq
+            self._log.warning(
+                "reconcile of parent %r has run for %.3gs (slow_reconcile_after=%ss)%s",
+                parent,
+                age,
+                self._slow_after,
+                "" if self._timeout is None else f"; it is cancelled at {self._timeout}s",
+            )
+        if self._timeout is not None and self._timing_out_seq != seq and age >= self._timeout:
+            self._timing_out_seq = seq
+            if self._worker is not None:
+                self._worker.cancel()
+        deadlines = []
+        if self._slow_logged_seq != seq:
+            deadlines.append(self._in_flight_since + self._slow_after)
+        if self._timeout is not None and self._timing_out_seq != seq:
+            deadlines.append(self._in_flight_since + self._timeout)
+        return min(deadlines) if deadlines else None
+
+    async def _resync(self, period: float) -> None:
+        while True:
+            await self._clock.sleep(period)
             self._queue.add_all(self._store.parent_keys())
 
 
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+def _status_reporter(source: object) -> StatusReporter | None:
+    for candidate in (source, getattr(source, "__self__", None)):
+        if candidate is not None and isinstance(candidate, StatusReporter):
+            return candidate
+    return None
+
+
+def _loop_name(name: str | None, source: object, reporter: object | None) -> str:
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
+        return name
+    for candidate in (reporter, source, getattr(source, "__self__", None)):
+        found = getattr(candidate, "name", None)
+        if isinstance(found, str) and found:
+            return found
+    return DEFAULT_NAME
+
+
+async def _absorb_pending_cancellation(owner: asyncio.Task[Any]) -> None:
+    """Takes delivery of the cancellation the loop's death requested of a body that finished
+    before it arrived; one from anyone else still propagates."""
+    try:
+        await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        if owner.cancelling() > 0:
+            raise
+
+
+def _one_line(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    line = " ".join(text.split())
+    return line if len(line) <= 300 else line[:300] + "..."
+
+
+def _with_error(status: SourceStatus, error: str, clock: Clock) -> SourceStatus:
+    return dataclasses.replace(status, last_error=error, last_error_at=clock.time())

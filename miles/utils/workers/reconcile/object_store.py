@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, KeysView, Mapping
 from typing import Any
 
+from miles.utils.workers.reconcile.log import NamedLogger, describe
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ObjectKey,
@@ -20,21 +21,35 @@ logger = logging.getLogger(__name__)
 KeyMapFn = Callable[[Any], ParentKey | None]
 """Names the parent an object belongs to, or ``None`` for an object no parent owns."""
 
+Affected = KeysView[ParentKey]
+"""The parents one event affected: a set (``AbstractSet``) that iterates in a fixed order."""
+
+_NONE: Affected = {}.keys()
+
 
 class ObjectStore:
     """Objects by key, indexed by the parent ``key_map`` names; ``None`` makes each its own parent.
 
-    ``handle_event`` applies one source event and returns every parent whose members it changed.
-    An object ``key_map`` cannot attribute (it returns ``None`` or raises) is not stored, and a
-    stored copy of it is evicted so that it is never served under the parent it left.
+    ``handle_event`` applies one source event and returns every parent whose members it changed,
+    as a set whose iteration order is fixed: a move yields the old parent before the new; a
+    replace yields the parents that lost an object first (to a deletion, in the order the store
+    held those objects, then to a move, in listing order), then every parent with a member, in
+    the order of its first object in the listing.
+    An object ``key_map`` cannot attribute is not stored, and a stored copy of it is evicted so
+    that it is never served under the parent it left: ``None`` silently, and a raise or anything
+    but a ``str`` with one error line naming the object (once until its reason changes).
     """
 
-    def __init__(self, *, key_map: KeyMapFn | None) -> None:
+    def __init__(self, *, key_map: KeyMapFn | None, name: str = "reconcile") -> None:
         self._key_map = key_map
+        self._log = NamedLogger(logger, name)
         self._parent_of: dict[ObjectKey, ParentKey] = {}
         self._members: dict[ParentKey, dict[ObjectKey, Any]] = {}
+        self._unmappable: dict[ObjectKey, str] = {}
+        self.replaces = 0
+        """Whole-world replaces applied so far."""
 
-    def handle_event(self, event: SourceEvent) -> set[ParentKey]:
+    def handle_event(self, event: SourceEvent) -> Affected:
         if isinstance(event, UpsertEvent):
             return self._upsert(event.key, event.obj)
         if isinstance(event, DeleteEvent):
@@ -62,44 +77,65 @@ class ObjectStore:
     def __len__(self) -> int:
         return len(self._parent_of)
 
-    def _upsert(self, key: ObjectKey, obj: Any) -> set[ParentKey]:
+    def _upsert(self, key: ObjectKey, obj: Any) -> Affected:
         parent = self._parent_for(key, obj)
         if parent is None:
             left = self._evict(key)
-            return set() if left is None else {left}
+            return _NONE if left is None else {left: None}.keys()
         if self._parent_of.get(key) == parent:
             self._members[parent][key] = obj
-            return {parent}
+            return {parent: None}.keys()
         left = self._put(key, obj, parent)
-        return {parent} if left is None else {parent, left}
+        return {parent: None}.keys() if left is None else {left: None, parent: None}.keys()
 
-    def _delete(self, key: ObjectKey, last_obj: Any) -> set[ParentKey]:
+    def _delete(self, key: ObjectKey, last_obj: Any) -> Affected:
         left = self._evict(key)
-        if left is not None:
-            return {left}
-        parent = self._parent_for(key, last_obj)
-        return set() if parent is None else {parent}
+        parent = left if left is not None else self._parent_for(key, last_obj)
+        if self._unmappable:
+            self._unmappable.pop(key, None)
+        return _NONE if parent is None else {parent: None}.keys()
 
-    def _replace(self, objects: Mapping[ObjectKey, Any]) -> set[ParentKey]:
-        lost: set[ParentKey] = set()
+    def _replace(self, objects: Mapping[ObjectKey, Any]) -> Affected:
+        affected: dict[ParentKey, None] = {}
         for key in [key for key in self._parent_of if key not in objects]:
-            lost.add(self._members_remove(key, self._parent_of.pop(key)))
+            affected[self._members_remove(key, self._parent_of.pop(key))] = None
+        for key in [key for key in self._unmappable if key not in objects]:
+            del self._unmappable[key]
+        listed: dict[ParentKey, None] = {}
         for key, obj in objects.items():
             parent = self._parent_for(key, obj)
-            left = self._evict(key) if parent is None else self._put(key, obj, parent)
+            if parent is None:
+                left = self._evict(key)
+            else:
+                left = self._put(key, obj, parent)
+                listed[parent] = None
             if left is not None:
-                lost.add(left)
-        lost.update(self._members)
-        return lost
+                affected[left] = None
+        affected.update(listed)
+        self.replaces += 1
+        return affected.keys()
 
     def _parent_for(self, key: ObjectKey, obj: Any) -> ParentKey | None:
         if self._key_map is None:
             return key
         try:
-            return self._key_map(obj)
+            parent = self._key_map(obj)
         except Exception as exc:
-            logger.error("key_map raised for object %r, so it is not stored: %r", key, exc)
+            self._reject(key, f"key_map raised {exc!r}")
             return None
+        if parent is None or parent.__class__ is str:
+            if self._unmappable:
+                self._unmappable.pop(key, None)
+            return parent
+        if isinstance(parent, str):
+            return str.__str__(parent)
+        self._reject(key, f"key_map returned {describe(parent, 80)}, not a str parent key")
+        return None
+
+    def _reject(self, key: ObjectKey, reason: str) -> None:
+        if self._unmappable.get(key) != reason:
+            self._unmappable[key] = reason
+            self._log.error("object %r is not stored (evicted if held): %s", key, reason)
 
     def _put(self, key: ObjectKey, obj: Any, parent: ParentKey) -> ParentKey | None:
         """Stores ``obj`` under ``parent``; returns the parent it moved away from, if any."""

@@ -74,10 +74,12 @@ class RetryStatus:
 
 @dataclass(frozen=True, slots=True)
 class ReconcileInFlight:
-    """The reconcile the worker is running now, since ``started_at``."""
+    """The reconcile the worker is running now, since ``started_at``; ``slow`` once it has run
+    longer than the loop's ``slow_reconcile_after`` (and been logged for it, once)."""
 
     parent: ParentKey
     started_at: float
+    slow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,3 +96,7 @@ class LoopStatus:
     queue_depth: int = 0
     retries: tuple[RetryStatus, ...] = ()
     in_flight: ReconcileInFlight | None = None
+    reconcile_timeouts: int = 0
+    stopped: bool = False
+    error: str | None = None
+    """Why the loop stopped on its own (a task of it died), one line; ``None`` while it serves."""

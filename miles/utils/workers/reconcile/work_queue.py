@@ -7,6 +7,8 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
+from miles.utils.workers.reconcile.clock import Clock
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -17,13 +19,22 @@ class WorkQueue(Generic[K]):
     the queue is shut down, even if keys are left. Every operation is O(1): a deque holds the
     order and a set the membership, since taking the first key of a plain dict scans past every
     slot deleted before it.
+
+    ``adds`` counts keys that entered the queue (a key already queued does not count, as in Go's
+    ``workqueue_adds_total``). Given a ``clock``, the queue also times each key's wait: ``waited``
+    is how long the key ``get`` last returned had been queued (Go's
+    ``workqueue_queue_duration_seconds``); without one it stays 0 and costs nothing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock | None = None) -> None:
         self._order: deque[K] = deque()
         self._queued: set[K] = set()
         self._waiter: asyncio.Future[None] | None = None
         self._shut_down = False
+        self._clock = clock
+        self._added_at: deque[float] = deque()
+        self.adds = 0
+        self.waited = 0.0
 
     def add(self, key: K) -> None:
         self.add_all((key,))
@@ -33,18 +44,26 @@ class WorkQueue(Generic[K]):
         if self._shut_down:
             return
         queued, order = self._queued, self._order
+        before = len(order)
         for key in keys:
             if key not in queued:
                 queued.add(key)
                 order.append(key)
-        if order and self._waiter is not None:
-            self._wake()
+        added = len(order) - before
+        if added:
+            self.adds += added
+            if self._clock is not None:
+                self._added_at.extend((self._clock.time(),) * added)
+            if self._waiter is not None:
+                self._wake()
 
     async def get(self) -> K | None:
         while not self._shut_down:
             if self._order:
                 key = self._order.popleft()
                 self._queued.discard(key)
+                if self._clock is not None:
+                    self.waited = self._clock.time() - self._added_at.popleft()
                 return key
             self._waiter = asyncio.get_running_loop().create_future()
             try:

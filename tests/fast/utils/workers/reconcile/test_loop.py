@@ -60,9 +60,10 @@ async def _started(loop: ReconcileLoop, source: FakeSource, *pods: Pod) -> None:
 
 def test_constructor_is_the_contracts_keyword_only_signature() -> None:
     """Row "source.Channel: Dropped": events enter only through ``source``; the constructor is
-    exactly the contract's, keyword-only, with Go's 10 h resync as the default."""
+    the contract's, keyword-only, with Go's 10 h resync as the default; what was added since
+    (name, the reconcile watchdog) comes after it, also keyword-only and optional."""
     parameters = inspect.signature(ReconcileLoop).parameters
-    assert list(parameters) == [
+    assert list(parameters)[:8] == [
         "source",
         "reconcile",
         "key_map",
@@ -72,6 +73,7 @@ def test_constructor_is_the_contracts_keyword_only_signature() -> None:
         "source_retry_delay",
         "clock",
     ]
+    assert all(p.default is not inspect.Parameter.empty for p in list(parameters.values())[2:])
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters.values())
     defaults = {name: p.default for name, p in parameters.items()}
     assert defaults["resync_period"] == DEFAULT_RESYNC_PERIOD == 36000.0
@@ -89,7 +91,7 @@ async def test_row_wait_for_cache_sync_start_returns_only_after_the_first_replac
     loop = _loop(source, Recorder(), clock)
     starting = asyncio.create_task(loop.start())
     source.push(upsert(Pod("early", "cell-0")))
-    await clock.advance(SOURCE_RETRY)
+    await clock.advance(2 * SOURCE_RETRY)
     assert not starting.done(), "an upsert before any listing does not sync the store"
     assert source.opened == 2, "the stream that did not open with a ReplaceEvent was reopened"
     source.push(replace(Pod("a", "cell-0")))
@@ -164,7 +166,7 @@ async def test_row_replace_after_reopen_re_drives_parents_deleted_while_disconne
     await settle()
     assert source.opened == 1
     source.push(replace(Pod("b", "cell-1")))
-    await clock.advance(SOURCE_RETRY)
+    await clock.advance(2 * SOURCE_RETRY)
     assert source.opened == 2
     assert sorted(recorder.calls) == ["cell-0", "cell-1"]
     assert loop.parent_keys() == {"cell-1"}
@@ -223,7 +225,7 @@ async def test_a_source_factory_that_raises_delays_start_and_never_loses_the_sto
     await settle()
     assert not starting.done()
     assert "source factory refused" in caplog.text
-    await clock.advance(SOURCE_RETRY)
+    await clock.advance(2 * SOURCE_RETRY)
     await starting
     source.failing_opens = 2
     source.end()
@@ -231,8 +233,8 @@ async def test_a_source_factory_that_raises_delays_start_and_never_loses_the_sto
     assert source.opened == 1
     assert loop.parent_keys() == {"cell-0", "cell-1"}, "nothing stored is lost"
     source.push(replace(Pod("a", "cell-0"), Pod("b", "cell-1")), upsert(Pod("c", "cell-2")))
-    await clock.advance(SOURCE_RETRY)
-    assert source.opened == 2
+    await clock.advance(56.0)
+    assert source.opened == 2, "steps two to four of the backoff: 28 to 56 s"
     assert loop.parent_keys() == {"cell-0", "cell-1", "cell-2"}
     assert recorder.calls[-1] == "cell-2"
     await loop.stop()
@@ -392,7 +394,9 @@ async def test_row_lifecycle_async_with_leaves_no_task() -> None:
     async with _loop(source, recorder, clock, resync_period=5.0) as loop:
         await clock.advance(12.0)
         assert loop.parent_keys() == {"cell-0"}
-        assert len(asyncio.all_tasks() - before) == 4, "driver, worker, resync, retry poller"
+        assert len(asyncio.all_tasks() - before) == 5, (
+            "driver, worker, watchdog, resync, retry poller"
+        )
     assert asyncio.all_tasks() == before
     assert recorder.calls == ["cell-0"] * 3
     assert source.closed == source.opened == 1

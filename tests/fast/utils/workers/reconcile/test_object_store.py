@@ -240,3 +240,56 @@ def test_store_matches_a_dict_model_and_reports_every_changed_parent(events: lis
         assert store.parent_keys() == after.keys()
         for parent, members in after.items():
             assert store.get_by_parent(parent) == [members[key] for key in sorted(members)]
+
+
+class _Label(str):
+    """A ``str`` subclass whose hash and equality a user overrode."""
+
+    def __hash__(self) -> int:
+        raise TypeError("no hashing here")
+
+
+@pytest.mark.parametrize(
+    ("bad_parent", "named"),
+    [(["cell", 0], "list"), ({"cell": 0}, "dict"), (7, "int"), (("cell", 0), "tuple")],
+)
+def test_one_object_with_a_bad_parent_key_is_evicted_alone_from_a_replace(
+    bad_parent: object, named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 16.6: one unhashable or non-str key used to make the store reject the whole replace,
+    so ``start()`` never returned. Now that object alone is left out with one line naming it."""
+
+    def key_map(pod: Pod) -> Any:
+        return bad_parent if pod.parent is None else pod.parent
+
+    store = ObjectStore(key_map=key_map)
+    store.handle_event(upsert(Pod("bad", "cell-9")))
+    with caplog.at_level(logging.ERROR):
+        affected = store.handle_event(replace(Pod("a", "cell-0"), Pod("bad"), Pod("b", "cell-1")))
+    assert list(affected) == ["cell-9", "cell-0", "cell-1"], "its old parent is re-driven first"
+    assert "bad" not in store
+    assert store.parent_keys() == {"cell-0", "cell-1"}
+    [record] = caplog.records
+    assert "'bad'" in record.getMessage()
+    assert named in record.getMessage()
+    store.handle_event(replace(Pod("a", "cell-0"), Pod("bad"), Pod("b", "cell-1")))
+    assert len(caplog.records) == 1, "the same failure is not logged again at the next relist"
+
+
+def test_a_str_subclass_parent_is_stored_as_a_plain_str() -> None:
+    store = ObjectStore(key_map=lambda pod: _Label(pod.parent))
+    assert list(store.handle_event(upsert(Pod("p", "cell-0")))) == ["cell-0"]
+    assert type(next(iter(store.parent_keys()))) is str
+
+
+def test_handle_event_still_answers_as_a_set_for_callers_of_the_contract() -> None:
+    """The contract's ``set[ParentKey]`` became an ordered ``AbstractSet``: it compares, tests
+    membership and combines as a set does."""
+    store = _store()
+    affected = store.handle_event(replace(Pod("a", "cell-1"), Pod("b", "cell-0")))
+    assert affected == {"cell-0", "cell-1"}
+    assert "cell-1" in affected
+    assert affected | {"x"} == {"cell-0", "cell-1", "x"}
+    assert set(affected) - {"cell-0"} == {"cell-1"}
+    assert list(affected) == ["cell-1", "cell-0"]
+    assert store.handle_event(delete(Pod("nobody", None))) == set()

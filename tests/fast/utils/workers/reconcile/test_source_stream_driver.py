@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from collections.abc import Set as AbstractSet
 
 import pytest
 
+from miles.utils.workers.reconcile.backoff import Backoff
 from miles.utils.workers.reconcile.clock import FakeClock, settle
 from miles.utils.workers.reconcile.object_store import ObjectStore
 from miles.utils.workers.reconcile.source_event import (
@@ -34,13 +36,14 @@ class _Harness:
     def __init__(self, source: SourceWatchFn) -> None:
         self.clock = FakeClock()
         self.store = ObjectStore(key_map=parent_of)
-        self.notified: list[set[ParentKey]] = []
+        self.notified: list[AbstractSet[ParentKey]] = []
         self.driver = SourceStreamDriver(
             source=source,
             store=self.store,
             on_affected=self.notified.append,
             retry_delay=RETRY,
             clock=self.clock,
+            backoff=Backoff(clock=self.clock, initial=RETRY, rand=lambda: 0.0),
         )
         self.task = asyncio.create_task(self.driver.run())
 
@@ -57,7 +60,7 @@ async def test_row_cache_before_notify_the_store_holds_the_event_when_on_affecte
     seen: list[object] = []
     store = ObjectStore(key_map=parent_of)
 
-    def on_affected(parents: set[ParentKey]) -> None:
+    def on_affected(parents: AbstractSet[ParentKey]) -> None:
         seen.append([pod for parent in sorted(parents) for pod in store.get_by_parent(parent)])
 
     driver = SourceStreamDriver(
@@ -126,7 +129,9 @@ async def test_a_stream_that_ends_or_raises_is_logged_and_reopened_after_retry_d
     await settle()
     assert "connection reset" in caplog.text
     assert source.opened == 2
-    await h.clock.advance(RETRY)
+    await h.clock.advance(2 * RETRY - 0.5)
+    assert source.opened == 2, "the second step of the backoff is twice the first"
+    await h.clock.advance(0.5)
     assert source.opened == 3
     assert h.store.get("a") == Pod("a", "cell-0"), "the store survives reopening"
     source.push(replace(Pod("b", "cell-1")))
@@ -147,7 +152,7 @@ async def test_a_source_factory_that_raises_is_logged_and_retried(
     assert "source factory refused" in caplog.text
     await h.clock.advance(RETRY)
     assert source.opened == 0
-    await h.clock.advance(RETRY)
+    await h.clock.advance(2 * RETRY)
     assert source.opened == 1
     await h.stop()
 
