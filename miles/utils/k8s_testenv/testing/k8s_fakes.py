@@ -2,7 +2,9 @@
 
 ``realistic_pod`` is the ~3.5 KB pod the decode benchmarks measure (``bench/decode.py``); it carries
 what a controller-created pod carries on a real cluster: labels, annotations, an owner reference,
-``managedFields``, one container with env and resources, and a full status.
+``managedFields``, one container with env and resources, and a full status. With
+``init_container=True`` it also carries every other field ``k8s_types`` reads: a node selector, a
+subdomain, and a completed init container.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from miles.utils.workers.reconcile.k8s_api import PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_types import Pod
 
 PARENT_LABEL = "miles.io/cell"
+GATE = "miles.io/paired"
 
 
 def realistic_pod(
@@ -29,10 +32,14 @@ def realistic_pod(
     phase: str = "Running",
     restart_count: int = 0,
     padding: int = 0,
+    init_container: bool = False,
 ) -> dict[str, Any]:
     """A camelCase pod as the apiserver serves it; ``padding`` bytes go into one annotation."""
     started = "2026-11-30T04:00:05Z"
     created = "2026-11-30T04:00:00Z"
+    extra_spec, extra_status = (
+        _init_container(parent, created, started) if init_container else ({}, {})
+    )
     annotations = {
         "miles.io/config-hash": "9f3c2a4e51b7d08c6a1e2f3b4c5d6e7f",
         "kubectl.kubernetes.io/default-container": "engine",
@@ -146,6 +153,7 @@ def realistic_pod(
             "schedulerName": "default-scheduler",
             "priority": 0,
             "enableServiceLinks": True,
+            **extra_spec,
         },
         "status": {
             "phase": phase,
@@ -180,8 +188,99 @@ def realistic_pod(
                 }
             ],
             "qosClass": "Guaranteed",
+            **extra_status,
         },
     }
+
+
+def _init_container(
+    parent: str, created: str, started: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    image = "registry.example.com/miles/fetch-weights:1.2"
+    spec = {
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-node-17"},
+        "subdomain": parent,
+        "initContainers": [
+            {"name": "fetch-weights", "image": image, "args": ["--to", "/models/qwen"]}
+        ],
+    }
+    container_id = "containerd://" + "ef" * 32
+    status = {
+        "initContainerStatuses": [
+            {
+                "name": "fetch-weights",
+                "state": {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": created,
+                        "finishedAt": started,
+                        "containerID": container_id,
+                    }
+                },
+                "lastState": {},
+                "ready": True,
+                "restartCount": 0,
+                "image": image,
+                "imageID": "registry.example.com/miles/fetch-weights@sha256:" + "12" * 32,
+                "containerID": container_id,
+                "started": False,
+            }
+        ]
+    }
+    return spec, status
+
+
+def every_field_pod() -> dict[str, Any]:
+    """The realistic pod, init container and a sidecar included, after one kill by a signal, and
+    with a status reason."""
+    wire = realistic_pod("engine-0", "cell-3", restart_count=2, init_container=True)
+    wire["spec"]["initContainers"].append(
+        {"name": "log-shipper", "image": "registry.example.com/logs:2", "restartPolicy": "Always"}
+    )
+    wire["status"]["reason"] = "NodePressure"
+    wire["status"]["containerStatuses"][0]["lastState"] = {
+        "terminated": {
+            "exitCode": 137,
+            "reason": "OOMKilled",
+            "message": "memory limit 128Gi reached",
+            "signal": 9,
+            "startedAt": "2026-11-30T04:00:00Z",
+            "finishedAt": "2026-11-30T04:00:05Z",
+            "containerID": "containerd://" + "aa" * 32,
+        }
+    }
+    return wire
+
+
+def gated_pod() -> dict[str, Any]:
+    """An inference pod the scheduler has not seen: gated, no node, no container started yet."""
+    wire = realistic_pod("infer-0", "cell-3", phase="Pending")
+    del wire["spec"]["nodeName"]
+    wire["spec"]["schedulingGates"] = [{"name": GATE}]
+    wire["metadata"]["deletionTimestamp"] = "2026-11-30T05:00:00Z"
+    wire["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "SchedulingGated",
+                "message": "Scheduling is blocked due to non-empty scheduling gates",
+            }
+        ],
+        "containerStatuses": [
+            {
+                "name": "engine",
+                "state": {"waiting": {"reason": "ContainerCreating", "message": "pulling"}},
+                "ready": False,
+                "restartCount": 0,
+                "image": "registry.example.com/miles/sglang:0.4.9-cu124",
+                "imageID": "",
+            }
+        ],
+    }
+    return wire
 
 
 def pod_bytes(pod: dict[str, Any]) -> bytes:
