@@ -242,3 +242,18 @@ def test_watch_without_the_k8s_extra_names_it(installed: Installed, tmp_path: Pa
         "miles-reconcile: error: kubernetes_asyncio is not installed: "
         "pip install 'miles-reconcile[k8s]'"
     ]
+
+
+def test_the_wheel_serves_the_model_where_miless_controllers_import_it(
+    installed: Installed,
+) -> None:
+    """`miles.utils.workers.k8s_types` is installed, typed, and the runtime's very classes."""
+    probe = (
+        "import pathlib\n"
+        "import miles.utils.workers.k8s_types as alias\n"
+        "from miles.utils.workers.reconcile import k8s_types\n"
+        "assert alias.Pod is k8s_types.Pod\n"
+        "print((pathlib.Path(alias.__file__).parent / 'py.typed').is_file())\n"
+    )
+    done = installed.run("python", "-c", probe)
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 _CORE_MODULES = [
@@ -150,3 +152,18 @@ def test_miles_prefixes_are_namespace_packages() -> None:
     assert spec is not None
     assert spec.origin is not None
     assert (Path(spec.origin).parent / "py.typed").is_file()
+
+
+def test_the_wheel_ships_the_model_where_miless_controllers_import_it() -> None:
+    """Packaging: ``miles.utils.workers.k8s_types`` (a package, so its ``py.typed`` marks it typed
+    inside the namespace) is in what setuptools finds from ``pyproject.toml``, and the namespace
+    ``miles.utils.workers`` itself stays unowned."""
+    root = Path(__file__).resolve().parents[5]
+    setuptools_config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = setuptools_config["packages"]["find"]["include"]
+    setuptools = importlib.import_module("setuptools")  # its stubs are not a test dependency
+    found = set(setuptools.find_namespace_packages(where=str(root), include=include))
+    assert {"miles.utils.workers.reconcile", "miles.utils.workers.k8s_types"} <= found
+    assert not found & {"miles", "miles.utils", "miles.utils.workers"}
+    assert "py.typed" in setuptools_config["package-data"]["miles.utils.workers.k8s_types"]
+    assert (root / "miles/utils/workers/k8s_types/py.typed").is_file()
