@@ -304,7 +304,7 @@ async def test_watch_in_a_pseudo_terminal_redraws_the_pool_and_marks_the_change(
     row = next(line for line in changed.splitlines() if "* a-1" in line)
     assert row.replace("\x1b[1m", "").split()[1:5] == ["a-1", "1/1", "Running", "3"]
     assert code == 130
-    assert stopped_after < 1.0, f"took {stopped_after:.2f}s to stop"
+    assert stopped_after < 5.0, f"took {stopped_after:.2f}s to stop (bound: see test_cli_terminal)"
     assert "Traceback" not in stderr
 
 

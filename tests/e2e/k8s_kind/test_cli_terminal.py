@@ -41,7 +41,10 @@ from tests.e2e.k8s_kind.test_cli import (
 
 pytestmark = pytest.mark.k8s_kind
 
-STOP_WITHIN = 1.0
+STOP_WITHIN = 5.0
+"""Ctrl-C used to be ignored for ~10 s while connecting. Measured idle: 0.07-0.3 s from the signal
+to exit; the bound is loose because the machine is shared (load averages of 20 on 2 cores seen),
+so it catches a signal that is not honoured, not a slow machine."""
 
 
 def kubeconfig_with(source: Path, path: Path, **changes: object) -> Path:

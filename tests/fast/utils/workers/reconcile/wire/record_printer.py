@@ -6,9 +6,12 @@ with a kubeconfig, records on that cluster; without, starts a local control plan
 pins). Most cases are a pod created on a node no kubelet runs, its status written through
 ``pods/status`` as a kubelet writes it. With ``NODE`` (a KWOK node, as ``env up`` starts), the
 ``kwok-*`` cases are bound to it and their status is written by KWOK's stages (ready, restarts,
-completion, a graceful delete). The expected READY, STATUS and RESTARTS come from the apiserver's
-server-side printing (``Accept: application/json;as=Table``), which is what ``kubectl get pods``
-shows: the same ``printPod`` that ``cli/pod_columns.py`` ports.
+completion, a graceful delete). With ``--kubelet NODE`` (the real node ``env up`` starts), the
+``kubelet-*`` cases run the engine image on it and the kubelet writes their status: a crash loop,
+an init container running and one failing, a completion and an error (the engine's ``/exit``), a
+pod that ignores SIGTERM while it terminates. The expected READY, STATUS and RESTARTS come from the
+apiserver's server-side printing (``Accept: application/json;as=Table``), which is what ``kubectl
+get pods`` shows: the same ``printPod`` that ``cli/pod_columns.py`` ports.
 """
 
 from __future__ import annotations
@@ -319,6 +322,51 @@ KWOK_CASES: list[dict[str, Any]] = [
 ]
 
 
+def _kubelet_cases() -> list[dict[str, Any]]:
+    unlistenable = {"PORT": "-1"}
+    """The engine exits 3 when it cannot listen: a container that crashes at once."""
+    return [
+        {"case": "kubelet-running", "wait": "Running"},
+        {"case": "kubelet-crash-loop", "engine": unlistenable, "wait": "waiting=CrashLoopBackOff"},
+        {"case": "kubelet-init-running", "init_engine": {}, "wait": "init=running"},
+        {
+            "case": "kubelet-init-error",
+            "init_engine": unlistenable,
+            "restart_policy": "Never",
+            "wait": "Failed",
+        },
+        {"case": "kubelet-completed", "restart_policy": "Never", "exit": 0, "wait": "Succeeded"},
+        {"case": "kubelet-error", "restart_policy": "Never", "exit": 1, "wait": "Failed"},
+        {"case": "kubelet-terminating", "ignore_term": True, "wait": "Running", "delete": True},
+    ]
+
+
+def _kubelet_manifest(case: dict[str, Any], node: str) -> dict[str, Any]:
+    from miles.utils.k8s_testenv.kubelet import engine_container
+
+    container = engine_container(
+        term_delay_seconds=-1 if case.get("ignore_term") else 0.2,
+        env=case.get("engine") or None,
+    )
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "containers": [container],
+        "terminationGracePeriodSeconds": 300 if case.get("ignore_term") else 2,
+    }
+    if "init_engine" in case:
+        init = engine_container(name="warm", env=case["init_engine"] or None)
+        init.pop("ports", None)
+        spec["initContainers"] = [init]
+    if case.get("restart_policy"):
+        spec["restartPolicy"] = case["restart_policy"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": case["case"], "labels": {"miles.test/printer": "yes"}},
+        "spec": spec,
+    }
+
+
 def _manifest(case: dict[str, Any], node: str = NODE) -> dict[str, Any]:
     containers = case.get("containers", ["engine"])
     spec: dict[str, Any] = {
@@ -345,7 +393,7 @@ def _manifest(case: dict[str, Any], node: str = NODE) -> dict[str, Any]:
             "name": case["case"],
             "labels": {"miles.test/printer": "yes", "cell": "cell-0"},
             "annotations": case.get("annotations", {}),
-            "finalizers": [] if case.get("kwok") else ["miles.test/keep"],
+            "finalizers": [] if case.get("writer") else ["miles.test/keep"],
         },
         "spec": spec,
     }
@@ -367,6 +415,14 @@ async def _get(api: Any, path: str, accept: str = "application/json") -> Any:
 
 
 def _reached(pod: Any, wait: str) -> bool:
+    if wait.startswith(("waiting=", "init=")):
+        kind, value = wait.split("=")
+        statuses = (
+            pod.status.init_container_statuses if kind == "init" else pod.status.container_statuses
+        ) or []
+        if kind == "init":
+            return any(c.state.running for c in statuses)
+        return any(c.state.waiting and c.state.waiting.reason == value for c in statuses)
     if wait.startswith("restarts="):
         statuses = pod.status.container_statuses or []
         restarts: int = sum(c.restart_count for c in statuses)
@@ -374,27 +430,45 @@ def _reached(pod: Any, wait: str) -> bool:
     return bool(pod.status.phase == wait)
 
 
-async def _wait_for_kwok(core: Any, case: dict[str, Any]) -> None:
-    for _ in range(300):
+async def _wait_until(core: Any, case: dict[str, Any]) -> None:
+    for _ in range(600):
         if _reached(await core.read_namespaced_pod(case["case"], NAMESPACE), case["wait"]):
             return
         await asyncio.sleep(0.2)
-    raise TimeoutError(f"KWOK did not bring {case['case']} to {case['wait']} within 60s")
+    raise TimeoutError(f"{case['case']} did not reach {case['wait']} within 120s")
 
 
-async def record(kubeconfig: Path, kwok_node: str | None = None) -> None:
+async def _create(core: Any, case: dict[str, Any], node: str | None) -> None:
+    if case.get("writer") == "kubelet" and node:
+        await core.create_namespaced_pod(NAMESPACE, _kubelet_manifest(case, node))
+    else:
+        await core.create_namespaced_pod(NAMESPACE, _manifest(case, node or NODE))
+    if "exit" in case:
+        from miles.utils.k8s_testenv.kubelet import crash_engine
+
+        await _wait_until(core, {**case, "wait": "Running"})
+        await crash_engine(core, namespace=NAMESPACE, name=case["case"], exit_code=case["exit"])
+    if case.get("writer") in ("kwok", "kubelet"):
+        await _wait_until(core, case)
+
+
+async def record(
+    kubeconfig: Path, kwok_node: str | None = None, kubelet_node: str | None = None
+) -> None:
     from kubernetes_asyncio import client
 
-    cases = [*CASES, *({**c, "kwok": True} for c in KWOK_CASES if kwok_node)]
+    cases = [
+        *CASES,
+        *({**c, "writer": "kwok"} for c in KWOK_CASES if kwok_node),
+        *({**c, "writer": "kubelet"} for c in (_kubelet_cases() if kubelet_node else [])),
+    ]
     async with api_client(kubeconfig) as api:
         core: Any = client.CoreV1Api(api)
         await core.create_namespace({"metadata": {"name": NAMESPACE}})
         for case in cases:
-            node = kwok_node if kwok_node and case.get("kwok") else NODE
-            await core.create_namespaced_pod(NAMESPACE, _manifest(case, node))
-            if case.get("kwok"):
-                await _wait_for_kwok(core, case)
-            if case["status"]:
+            node = {"kwok": kwok_node, "kubelet": kubelet_node}.get(case.get("writer", ""))
+            await _create(core, case, node)
+            if case.get("status"):
                 await core.patch_namespaced_pod_status(
                     case["case"], NAMESPACE, {"status": case["status"]}
                 )
@@ -409,7 +483,7 @@ async def record(kubeconfig: Path, kwok_node: str | None = None) -> None:
         rows = {
             row["cells"][0]: dict(zip(columns, row["cells"], strict=True)) for row in table["rows"]
         }
-        writers = {c["case"]: "kwok" if c.get("kwok") else "pods/status" for c in cases}
+        writers = {c["case"]: c.get("writer", "pods/status") for c in cases}
         fixture = [
             {
                 "case": pod["metadata"]["name"],
@@ -428,13 +502,36 @@ async def record(kubeconfig: Path, kwok_node: str | None = None) -> None:
                     pod["metadata"]["name"], NAMESPACE, grace_period_seconds=0
                 )
         await core.delete_namespace(NAMESPACE)
-    document = {"recordedAt": recorded_at, "server": "kube-apiserver", "pods": fixture}
-    (HERE / "printer_pods.json").write_text(json.dumps(document, indent=1) + "\n")
+    for entry in fixture:
+        entry["recordedAt"] = recorded_at
+    _save(fixture)
+
+
+def _save(fixture: list[dict[str, Any]]) -> None:
+    """Write ``fixture``, keeping the entries of earlier runs by writers this run did not use
+    (KWOK and the real node are not on one plane together)."""
+    path = HERE / "printer_pods.json"
+    written = {entry["writer"] for entry in fixture}
+    kept = []
+    if path.exists():
+        earlier = json.loads(path.read_text())
+        kept = [
+            {"recordedAt": earlier["recordedAt"], **entry}
+            for entry in earlier["pods"]
+            if entry.get("writer") not in written
+        ]
+    pods = sorted([*kept, *fixture], key=lambda entry: str(entry["case"]))
+    recorded_at = max(str(entry["recordedAt"]) for entry in pods)
+    document = {"recordedAt": recorded_at, "server": "kube-apiserver", "pods": pods}
+    path.write_text(json.dumps(document, indent=1) + "\n")
 
 
 def main() -> None:
-    if len(sys.argv) > 1:
-        asyncio.run(record(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None))
+    args = sys.argv[1:]
+    kubelet = args[args.index("--kubelet") + 1] if "--kubelet" in args else None
+    args = [a for a in args if a not in ("--kubelet", kubelet)]
+    if args:
+        asyncio.run(record(Path(args[0]), args[1] if len(args) > 1 else None, kubelet))
     else:
         from miles.utils.k8s_testenv.control_plane import LocalControlPlane
 
