@@ -92,7 +92,7 @@ class NodeLock:
         if previous is not None and previous.left_behind():
             handle.close()
             raise PrerequisiteError(
-                f"a real node left by a killed run or `env up --detach` is still on this host "
+                f"a real node left by a killed run or by `env up` is still on this host "
                 f"({previous.node_dir}, owner pid {previous.owner_pid} gone): stop it with "
                 "`python -m miles.utils.k8s_testenv down`"
             )
@@ -136,7 +136,7 @@ def lock_holder(path: Path = LOCK_PATH) -> str | None:
             owner = f" (owner pid {record.owner_pid})" if record is not None else ""
             return f"a real node is already running on this machine{owner}"
         if record is not None and record.left_behind():
-            return f"a real node left by a killed run is still in {record.node_dir}"
+            return f"a real node left by a killed run or by `env up` is still in {record.node_dir}"
         return None
 
 
