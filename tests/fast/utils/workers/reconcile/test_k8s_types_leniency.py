@@ -24,14 +24,22 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import (
+    PARENT_LABEL,
+    ContractPodApi,
     every_field_pod,
     frame,
     gated_pod,
     list_body,
+    pod,
+    realistic_pod,
+    status,
 )
 from miles.utils.workers.reconcile import k8s_types
-from miles.utils.workers.reconcile.k8s_api import decode_pod_list, decode_watch_line
+from miles.utils.workers.reconcile.clock import FakeClock
+from miles.utils.workers.reconcile.k8s_api import PodListPage, decode_pod_list, decode_watch_line
+from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 Path_ = tuple[str | int, ...]
 DELETE = object()
@@ -219,3 +227,56 @@ def test_any_value_at_any_path_leaves_the_pod_readable(
     at: tuple[int, Path_], value: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     _check(*at, value, caplog)
+
+
+async def _settle(clock: FakeClock) -> None:
+    for _ in range(50):
+        await clock.advance(0)
+
+
+async def test_issue_16s_pod_moved_by_a_frame_with_a_year_zero_time_is_not_lost() -> None:
+    """Issue 16's case through the reflector and the loop: the MODIFIED frame that moves a pod to
+    another parent carries a condition's ``lastTransitionTime: "0000-01-01T00:00:00Z"``. It used to
+    be skipped (the pod stayed under its old parent) and the relist after it left the pod out. Now
+    the frame moves the pod, and the relist keeps it."""
+    clock = FakeClock()
+    moved = realistic_pod("a", "cell-1", resource_version="11")
+    moved["status"]["conditions"][0]["lastTransitionTime"] = "0000-01-01T00:00:00Z"
+    relisted, rejects = decode_pod_list(list_body([moved], "12"))
+    assert rejects == []
+    api = ContractPodApi(
+        lists=[PodListPage((pod("a", "cell-0", "10"),), "10"), relisted],
+        watches=[
+            [
+                decode_watch_line(frame("MODIFIED", moved)),
+                decode_watch_line(frame("ERROR", status(410, "Expired"))),
+            ]
+        ],
+    )
+    reflector = KubernetesReflector(
+        kube_client=api, namespace="ns", label_selector="", retry_delay=1.0, clock=clock
+    )
+    reconciled: list[str] = []
+
+    async def reconcile(parent: str) -> None:
+        reconciled.append(parent)
+
+    loop = ReconcileLoop(
+        source=reflector.watch,
+        reconcile=reconcile,
+        key_map=lambda p: p.metadata.labels.get(PARENT_LABEL),
+        clock=clock,
+    )
+    async with loop:
+        await _settle(clock)
+        assert [p.metadata.resource_version for p in loop.get_by_parent("cell-1")] == ["11"]
+        assert loop.get_by_parent("cell-0") == []
+        assert len(api.list_calls) == 1
+        await clock.advance(5.0)
+        await _settle(clock)
+        assert len(api.list_calls) == 2, "the 410 relisted"
+        (stored,) = loop.get_by_parent("cell-1")
+        assert stored is relisted.pods[0]
+        assert stored.status.conditions[0].last_transition_time is None
+        assert loop.parent_keys() == {"cell-1"}
+        assert "cell-0" in reconciled
