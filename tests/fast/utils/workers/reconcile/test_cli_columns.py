@@ -45,8 +45,10 @@ def same_restarts(ours: str, theirs: str) -> bool:
     return ours == theirs
 
 
-def test_the_recording_has_pods_written_by_kwok_and_through_pods_status() -> None:
-    assert {entry["writer"] for entry in RECORDED["pods"]} == {"kwok", "pods/status"}
+def test_the_recording_has_pods_written_by_a_kubelet_kwok_and_through_pods_status() -> None:
+    assert {entry["writer"] for entry in RECORDED["pods"]} == {"kubelet", "kwok", "pods/status"}
+    kubelet = {e["kubectl"]["Status"] for e in RECORDED["pods"] if e["writer"] == "kubelet"}
+    assert {"Running", "Completed", "Error", "Init:0/1", "Init:Error", "Terminating"} <= kubelet
 
 
 @pytest.mark.parametrize("case", sorted(ENTRIES))
@@ -57,8 +59,9 @@ def test_columns_equal_the_apiservers_table_row(case: str) -> None:
     assert columns.name == expected["Name"]
     assert columns.ready == expected["Ready"]
     assert columns.status == expected["Status"]
+    recorded_at = datetime.fromisoformat(entry.get("recordedAt", RECORDED["recordedAt"]))
     assert same_restarts(
-        restarts_cell(columns.restarts, columns.last_restart, RECORDED_AT),
+        restarts_cell(columns.restarts, columns.last_restart, recorded_at),
         str(expected["Restarts"]),
     )
     assert columns.ip == expected["IP"]

@@ -327,7 +327,6 @@ def _kubelet_cases() -> list[dict[str, Any]]:
     """The engine exits 3 when it cannot listen: a container that crashes at once."""
     return [
         {"case": "kubelet-running", "wait": "Running"},
-        {"case": "kubelet-crash-loop", "engine": unlistenable, "wait": "waiting=CrashLoopBackOff"},
         {"case": "kubelet-init-running", "init_engine": {}, "wait": "init=running"},
         {
             "case": "kubelet-init-error",
@@ -338,6 +337,8 @@ def _kubelet_cases() -> list[dict[str, Any]]:
         {"case": "kubelet-completed", "restart_policy": "Never", "exit": 0, "wait": "Succeeded"},
         {"case": "kubelet-error", "restart_policy": "Never", "exit": 1, "wait": "Failed"},
         {"case": "kubelet-terminating", "ignore_term": True, "wait": "Running", "delete": True},
+        # Last, so the table is read inside the 40 s back-off that follows the third crash.
+        {"case": "kubelet-crash-loop", "engine": unlistenable, "wait": "crash-loop=3"},
     ]
 
 
@@ -423,6 +424,14 @@ def _reached(pod: Any, wait: str) -> bool:
         if kind == "init":
             return any(c.state.running for c in statuses)
         return any(c.state.waiting and c.state.waiting.reason == value for c in statuses)
+    if wait.startswith("crash-loop="):
+        statuses = pod.status.container_statuses or []
+        return any(
+            c.restart_count >= int(wait.split("=")[1])
+            and c.state.waiting
+            and c.state.waiting.reason == "CrashLoopBackOff"
+            for c in statuses
+        )
     if wait.startswith("restarts="):
         statuses = pod.status.container_statuses or []
         restarts: int = sum(c.restart_count for c in statuses)
