@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -269,6 +270,15 @@ async def test_the_contexts_namespace_is_used_unless_n_is_given(
     assert "namespace 'default'" in cli.stderr.decode()
 
 
+async def reset_the_held_watch(proxy: Any) -> None:
+    """Reset the watch connection once the proxy holds it (the next bytes on it are swallowed)."""
+    for _ in range(int(WAIT_SECONDS / 0.05)):
+        if await proxy.reset_held():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the proxy never held the watch")
+
+
 class Tmux:
     """A tmux server of this test's own (its own socket), sized like a person's terminal."""
 
@@ -363,12 +373,13 @@ async def test_the_status_line_follows_the_connection_and_warnings_clear(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
 ) -> None:
     """Issue 13 item 4 and 15 item 4: through the HTTP fault proxy, the status line reads
-    ``connected``, then ``reconnecting since HH:MM:SS local`` while every LIST and WATCH is refused,
-    then ``connected`` again, and the log lines shown meanwhile are gone."""
+    ``connected``; the open watch is black-holed (a pod change puts bytes on it) and reset, and
+    while every LIST and WATCH is answered 503 it reads ``reconnecting since HH:MM:SS local``; then
+    ``connected`` again, and the log lines shown meanwhile are gone."""
     from miles.utils.k8s_testenv.http_fault_proxy import (
         LIST,
         WATCH,
-        CorruptChunk,
+        BlackHole,
         HttpFaultProxy,
         Respond,
     )
@@ -387,22 +398,22 @@ async def test_the_status_line_follows_the_connection_and_warnings_clear(
         with pty_cli(watch_args(proxied, k8s_namespace)) as (process, master):
             screen = Screen(master)
             await screen.until(lambda s: "connected |" in s and "a-0" in s, "connected")
-            refused = [
-                proxy.add(LIST, Respond(503)),
-                proxy.add(WATCH, Respond(503)),
-                proxy.add(WATCH, CorruptChunk(), count=1),
-            ]
+            hole = proxy.add(WATCH, BlackHole())
             async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
                 await pool.set_status("a-0", "10.9.7.1", restarts=1)
+            refused = [proxy.add(LIST, Respond(503)), proxy.add(WATCH, Respond(503))]
+            await reset_the_held_watch(proxy)
+            proxy.remove(hole)
             down = await screen.until(lambda s: "reconnecting since" in s, "reconnecting")
             for fault in refused:
                 proxy.remove(fault)
-            await proxy.reset_held()
             back = await screen.until(
                 lambda s: "connected |" in s and "log:" not in s, "connected without warnings"
             )
             os.killpg(process.pid, signal.SIGINT)
             assert await asyncio.to_thread(process.wait, WAIT_SECONDS) == 130
     line = next(row for row in down.splitlines() if "reconnecting since" in row)
+    print("while refused:", *down.splitlines(), "after:", *back.splitlines(), sep="\n")
     assert " local" in line
+    assert "503" in line
     assert "a-0" in back
