@@ -14,7 +14,7 @@ parents follow in order while they fit, then one line says how many are hidden.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -282,13 +282,3 @@ def reconcile_record(
         "parent": parent,
         "members": [member_record(row) for row in rows],
     }
-
-
-def snapshot_blocks(
-    rows: Mapping[ParentKey, Sequence[MemberRow]],
-) -> list[ParentBlock]:
-    """Unmarked blocks for a snapshot, parents in order."""
-    return [
-        ParentBlock(parent, tuple(ShownRow(r) for r in members), len(members))
-        for parent, members in sorted(rows.items())
-    ]
