@@ -40,8 +40,10 @@ from miles.utils.workers.reconcile.k8s_wire import (
     decode_pod_list,
     decode_status,
     decode_watch_line,
+    decode_watch_lines,
     exception_keeps_cursor,
     exception_rejects_cursor,
+    iter_line_batches,
     iter_lines,
     parse_retry_after,
 )
@@ -270,8 +272,13 @@ class KubernetesAsyncioPodApi:
             )
             try:
                 await _raise_for_status(resp)
-                async for line in iter_lines(resp.content, idle_timeout=self._watch_idle_timeout):
-                    yield decode_watch_line(line)
+                lines = iter_line_batches(resp.content, idle_timeout=self._watch_idle_timeout)
+                async for batch in lines:
+                    events, failure = decode_watch_lines(batch)
+                    for event in events:
+                        yield event
+                    if failure is not None:
+                        raise failure
             finally:
                 resp.close()
 

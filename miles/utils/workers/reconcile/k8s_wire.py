@@ -445,7 +445,19 @@ async def iter_lines(
     *,
     idle_timeout: float | None = None,
 ) -> AsyncIterator[bytes]:
-    """Non-blank lines of a byte stream, however long.
+    """Non-blank lines of a byte stream, however long; see ``iter_line_batches``."""
+    async for batch in iter_line_batches(content, max_line_bytes, idle_timeout=idle_timeout):
+        for line in batch:
+            yield line
+
+
+async def iter_line_batches(
+    content: ByteStream,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    *,
+    idle_timeout: float | None = None,
+) -> AsyncIterator[list[bytes]]:
+    """The non-blank lines each read of a byte stream completes, one list per read.
 
     A stream that ends inside a line raises ``KubernetesConnectionError`` after the complete lines
     before it; so does one that delivers nothing for ``idle_timeout`` seconds (``idle=True``).
@@ -455,16 +467,34 @@ async def iter_lines(
         scan_from = len(buffer)
         buffer += chunk
         start = 0
+        lines: list[bytes] = []
         while (end := buffer.find(b"\n", max(start, scan_from))) != -1:
             line = bytes(buffer[start:end])
             start = end + 1
             if line.strip():
-                yield line
+                lines.append(line)
         del buffer[:start]
+        if lines:
+            yield lines
         if len(buffer) > max_line_bytes:
             raise FrameDecodeError(f"watch line longer than {max_line_bytes} bytes")
     if buffer.strip():
         raise KubernetesConnectionError(f"stream ended inside a frame ({len(buffer)} bytes)")
+
+
+def decode_watch_lines(lines: list[bytes]) -> tuple[list[PodWatchEvent], FrameDecodeError | None]:
+    """``decode_watch_line`` over ``lines`` in order, with the cyclic collector paused as
+    ``decode_pod_list`` pauses it, up to the first line that does not decode, whose error is
+    returned beside the events before it. A streaming list's initial events arrive many to a read,
+    and decoded one by one with the collector on they cost about four times as much CPU."""
+    events: list[PodWatchEvent] = []
+    with _collector_paused():
+        for line in lines:
+            try:
+                events.append(decode_watch_line(line))
+            except FrameDecodeError as err:
+                return events, err
+    return events, None
 
 
 async def _read(content: ByteStream, idle_timeout: float | None) -> bytes:

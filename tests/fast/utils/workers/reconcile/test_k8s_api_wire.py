@@ -408,6 +408,18 @@ async def test_line_that_is_not_json_ends_the_stream_with_decode_error() -> None
     assert "Invalid JSON" in err.value.reason
 
 
+async def test_bad_line_inside_one_read_ends_the_stream_after_the_lines_before_it() -> None:
+    """One chunk carries three lines: the first arrives, the second ends the stream with its
+    ``FrameDecodeError``, the third is never yielded."""
+    first = frame("ADDED", realistic_pod("a", resource_version="101"))
+    last = frame("ADDED", realistic_pod("b", resource_version="102"))
+    server = Apiserver(watches=[stream(first + b"<html>\n" + last)])
+    async with serving(server) as api:
+        events, failure = await collect_until_failure(api)
+    assert [e.resource_version for e in events] == ["101"]
+    assert isinstance(failure, FrameDecodeError)
+
+
 async def test_frame_without_metadata_is_unreadable() -> None:
     server = Apiserver(watches=[stream(frame("ADDED", {"kind": "Pod", "spec": {}}))])
     async with serving(server) as api:

@@ -226,3 +226,34 @@ async def _drive(watches: list[list[bytes]]) -> None:
     await asyncio.gather(task, return_exceptions=True)
     assert isinstance(events[0], ReplaceEvent)
     assert all(isinstance(e, ReplaceEvent | UpsertEvent | DeleteEvent) for e in events)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_watch_lines_decode_with_the_collector_paused_up_to_the_first_bad_line(
+    enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row "GC paused while a read's watch lines decode": every line of a batch validates with
+    the collector off, the events before an undecodable line come back beside its error, the
+    lines after it are not read, and the collector is left as it was."""
+    seen: list[bool] = []
+    frames = k8s_wire._FRAME
+
+    class Spy:
+        def validate_json(self, data: bytes) -> Any:
+            seen.append(gc.isenabled())
+            return frames.validate_json(data)
+
+    monkeypatch.setattr(k8s_wire, "_FRAME", Spy())
+    good = [frame("ADDED", realistic_pod(f"p-{i}", resource_version=str(i))) for i in (1, 2, 3)]
+    batch = [good[0].strip(), good[1].strip(), b"<html>", good[2].strip()]
+    was_enabled = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        events, failure = k8s_wire.decode_watch_lines(batch)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was_enabled else gc.disable)()
+    assert [e.resource_version for e in events] == ["1", "2"]
+    assert isinstance(failure, FrameDecodeError)
+    assert len(seen) == 3
+    assert not any(seen)
