@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -113,7 +114,15 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
             print(sampler.report(), flush=True)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main() -> int:
+    # SIGTERM, and SIGINT even where a shell started the soak in the background with SIGINT
+    # ignored, unwind like Ctrl-C: the control plane and the oracle are then stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     args = _arguments()
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="miles-soak-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +152,9 @@ def main() -> int:
     except (HarnessAborted, K8sTestEnvError) as err:
         print(f"soak: ABORTED, the comparison could not be made: {err}", flush=True)
         return 2
+    except KeyboardInterrupt as err:
+        print(f"soak: INTERRUPTED by {err or 'SIGINT'} after {time.monotonic() - started:.0f}s")
+        return 130
     print(f"soak: done in {time.monotonic() - started:.0f}s wall time", flush=True)
     return 0
 

@@ -48,6 +48,10 @@ class ControlPlane(Protocol):
 
     def start_etcd(self) -> None: ...
 
+    def snapshot_etcd(self) -> Path: ...
+
+    def restore_etcd(self, snapshot: Path) -> None: ...
+
 
 class ControlPlaneAddon(Protocol):
     """A component started after the apiservers and stopped before them (e.g. KWOK)."""
@@ -247,6 +251,16 @@ class LocalControlPlane:
     def start_etcd(self) -> None:
         self.etcd.start()
 
+    def snapshot_etcd(self) -> Path:
+        """An offline copy of etcd's data (etcd is stopped for it), for `restore_etcd`."""
+        snapshots = self.work_dir / "etcd-snapshots"
+        snapshots.mkdir(exist_ok=True)
+        return self.etcd.snapshot(snapshots / f"snapshot-{len(list(snapshots.iterdir()))}")
+
+    def restore_etcd(self, snapshot: Path) -> None:
+        """Rolls etcd back to `snapshot`; the apiservers keep running and reconnect."""
+        self.etcd.restore(snapshot)
+
 
 class ExternalControlPlane:
     """A cluster reused through MILES_K8S_KUBECONFIG: both kubeconfigs are that file; faults that
@@ -283,6 +297,12 @@ class ExternalControlPlane:
 
     def start_etcd(self) -> None:
         raise self._unsupported("starting etcd")
+
+    def snapshot_etcd(self) -> Path:
+        raise self._unsupported("taking an etcd snapshot")
+
+    def restore_etcd(self, snapshot: Path) -> None:
+        raise self._unsupported("restoring etcd from a snapshot")
 
 
 def _print_stderr(text: str) -> None:

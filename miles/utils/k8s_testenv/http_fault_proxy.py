@@ -348,7 +348,11 @@ class HttpFaultProxy:
 
     async def reset_held(self) -> int:
         """Resets every black-holed connection (the client gets a reset); returns how many."""
-        return await asyncio.wrap_future(self._thread.submit(self._reset_held()))
+        return await asyncio.wrap_future(self._thread.submit(self._reset(all_of_them=False)))
+
+    async def cut(self) -> int:
+        """Resets every client connection now, open watches included; returns how many."""
+        return await asyncio.wrap_future(self._thread.submit(self._reset(all_of_them=True)))
 
     def seen(
         self, match: Callable[[Seen], bool] | None = None, *, since: float | None = None
@@ -395,11 +399,11 @@ class HttpFaultProxy:
         if self._server is not None:
             self._server.close()
 
-    async def _reset_held(self) -> int:
-        held = [c for c in self._connections if c.holding]
-        for connection in held:
+    async def _reset(self, *, all_of_them: bool) -> int:
+        chosen = [c for c in self._connections if all_of_them or c.holding]
+        for connection in chosen:
             connection.reset()
-        return len(held)
+        return len(chosen)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = _Connection(client=writer)

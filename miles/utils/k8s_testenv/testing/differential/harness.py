@@ -376,12 +376,22 @@ class DifferentialHarness:
                 self._fail_checkpoint(what, last, list_error)
             await asyncio.sleep(_POLL_INTERVAL)
         self.stats.checkpoints += 1
+        self._forget_recordings()
         if healed_at is None:
             return None
         since = {view: max(0.0, (at or origin) - origin) for view, at in matched_since.items()}
         return Convergence(
             ours=since["ours"], client_go=since["client-go"], reconciled=since["reconciled"]
         )
+
+    def _forget_recordings(self) -> None:
+        """The recorder keeps every page and frame, and the harness reads only its LIST count:
+        dropping the rest at each checkpoint keeps a soak's memory from growing with every frame
+        of the run (measured: 130k to 410k Python objects over 20 minutes)."""
+        api = self._our_api
+        if api is not None:
+            for recorded in (api.log, api.lists, api.pages, api.probes, api.watches):
+                recorded.clear()
 
     def _fail_checkpoint(self, what: str, last: Comparison | None, list_error: str) -> None:
         if last is None:
