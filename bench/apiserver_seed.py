@@ -18,7 +18,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.apiserver_proc import NAMESPACE, PARENT_LABEL, SELECTOR
+from bench.apiserver_proc import (
+    NAMESPACE,
+    PARENT_LABEL,
+    SELECTOR,
+    WRITER_ANNOTATION,
+    WRITER_LABEL,
+)
 from miles.utils.k8s_testenv.testing.k8s_fakes import realistic_pod
 
 SERVER_OWNED_METADATA = ("uid", "resourceVersion", "creationTimestamp", "managedFields")
@@ -60,6 +66,9 @@ def manifest(index: int, parents: int, namespace: str) -> tuple[dict[str, Any], 
     for field in SERVER_OWNED_METADATA:
         pod["metadata"].pop(field, None)
     pod["spec"]["volumes"] = VOLUMES
+    # the writer's keys from the start, so its patches change values, not the pods' size
+    pod["metadata"].setdefault("annotations", {})[WRITER_ANNOTATION] = f"seed-{index:08d}"
+    pod["metadata"]["labels"][WRITER_LABEL] = "0"
     status = pod.pop("status")
     return pod, status
 
