@@ -404,7 +404,10 @@ async def test_the_status_line_follows_the_connection_and_warnings_clear(
             refused = [proxy.add(LIST, Respond(503)), proxy.add(WATCH, Respond(503))]
             await reset_the_held_watch(proxy)
             proxy.remove(hole)
-            down = await screen.until(lambda s: "reconnecting since" in s, "reconnecting")
+            # the reset shows first; the 503s follow one backoff step later
+            down = await screen.until(
+                lambda s: "reconnecting since" in s and "503" in s, "reconnecting on a 503"
+            )
             for fault in refused:
                 proxy.remove(fault)
             back = await screen.until(
