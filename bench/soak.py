@@ -67,12 +67,20 @@ def _arguments() -> argparse.Namespace:
         choices=[step.value for step in (*OpKind, *FaultKind)],
         help="leave this operation or fault out (repeatable); the report names what was left out",
     )
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="count a divergence and go on (the exit status is still 1)",
+    )
     parser.add_argument("--sample-every", type=float, default=10.0, help="resource sampling period")
     parser.add_argument(
         "--no-tracemalloc", action="store_true", help="sample without tracemalloc's overhead"
     )
     parser.add_argument(
         "--oracle-watch-list", action="store_true", help="client-go's WatchListClient on"
+    )
+    parser.add_argument(
+        "--streaming-list", action="store_true", help="ours lists by a streaming list"
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="logs (default: a temp dir)")
     return parser.parse_args()
@@ -85,26 +93,27 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
         bulk_size=args.bulk_size,
         silent_seconds=args.silent_seconds,
         oracle_watch_list=args.oracle_watch_list,
+        streaming_list=args.streaming_list,
         without=frozenset(args.without),
+        keep_going=args.keep_going,
+    )
+    harness = DifferentialHarness(
+        plane=env.plane,
+        oracle_binary=env.oracle_binary,
+        work_dir=env.work_dir,
+        config=config,
+        kwok=env.kwok,
+        kwok_unavailable=env.kwok_unavailable,
+        log=_say,
     )
     sampler = ResourceSampler(
         period=args.sample_every,
         warmup=min(60.0, args.seconds / 5),
         log_path=env.work_dir / "resources.tsv",
+        stored_pods=lambda: harness.stored_pods,
         trace_allocations=not args.no_tracemalloc,
     )
-    async with (
-        sampler,
-        DifferentialHarness(
-            plane=env.plane,
-            oracle_binary=env.oracle_binary,
-            work_dir=env.work_dir,
-            config=config,
-            kwok=env.kwok,
-            kwok_unavailable=env.kwok_unavailable,
-            log=_say,
-        ) as harness,
-    ):
+    async with sampler, harness:
         try:
             if args.plan == "ci":
                 return await harness.run(ci_plan(random.Random(args.seed), without=config.without))
@@ -131,7 +140,8 @@ def main() -> int:
         f"soak: seed {args.seed}, plan {args.plan}, "
         + (f"{args.seconds:.0f}s, " if args.plan == "random" else "")
         + f"clients on the {args.target} apiserver, "
-        + f"oracle WatchListClient {'on' if args.oracle_watch_list else 'off'}"
+        + f"oracle WatchListClient {'on' if args.oracle_watch_list else 'off'}, "
+        + f"ours streaming list {'on' if args.streaming_list else 'off'}"
         + (f", without {', '.join(args.without)}" if args.without else "")
         + f"; logs in {work_dir}",
         flush=True,
@@ -145,7 +155,10 @@ def main() -> int:
                 binaries=binaries, settings=settings, work_dir=work_dir, log=_say
             ) as env,
         ):
-            asyncio.run(_run(env, args))
+            stats = asyncio.run(_run(env, args))
+        if stats.divergences:
+            print(f"soak: {stats.divergences} DIVERGENCE(S), counted with --keep-going", flush=True)
+            return 1
     except DivergenceError as err:
         print(f"soak: DIVERGENCE\n{err}", flush=True)
         return 1

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
@@ -31,6 +32,7 @@ class Sample:
     threads: int
     gc_objects: int
     traced_mib: float
+    stored_pods: int
 
 
 def _rss_mib() -> float:
@@ -58,8 +60,15 @@ class ResourceSampler:
     and tracemalloc's top allocations are compared with its snapshot at the end of the warm-up."""
 
     def __init__(
-        self, *, period: float, warmup: float, log_path: Path, trace_allocations: bool = True
+        self,
+        *,
+        period: float,
+        warmup: float,
+        log_path: Path,
+        stored_pods: Callable[[], int],
+        trace_allocations: bool = True,
     ) -> None:
+        self._stored_pods = stored_pods
         self._period = period
         self._warmup = warmup
         self._log_path = log_path
@@ -109,6 +118,7 @@ class ResourceSampler:
             threads=threading.active_count(),
             gc_objects=len(gc.get_objects()),
             traced_mib=round(traced, 2),
+            stored_pods=self._stored_pods(),
         )
         self.samples.append(sample)
         with self._log_path.open("a") as log:
@@ -127,13 +137,27 @@ class ResourceSampler:
             f"least-squares fit from {self._warmup:.0f}s on ({len(after)} samples)",
             f"  {'what':<12} {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'per hour':>10}",
         ]
-        for name in ("rss_mib", "fds", "tasks", "threads", "gc_objects", "traced_mib"):
+        for name in (
+            "rss_mib",
+            "fds",
+            "tasks",
+            "threads",
+            "gc_objects",
+            "traced_mib",
+            "stored_pods",
+        ):
             values = [float(getattr(s, name)) for s in self.samples]
             slope = slope_per_hour([(s.at, float(getattr(s, name))) for s in after])
             per_hour = "n/a" if slope is None else f"{slope:+.1f}"
             lines.append(
                 f"  {name:<12} {values[0]:>10.1f} {values[-1]:>10.1f} {min(values):>10.1f} "
                 f"{max(values):>10.1f} {per_hour:>10}"
+            )
+        per_pod = slope_per_hour([(float(s.stored_pods), s.rss_mib) for s in after])
+        if per_pod is not None:
+            lines.append(
+                f"RSS against the pods stored: {per_pod / 3600 * 1024:+.1f} KiB per pod "
+                "(least-squares slope over the same samples; growth that tracks the pool is data)"
             )
         lines += self._top_growth()
         return "\n".join(lines)

@@ -3,8 +3,9 @@
 Layer: k8s_apiserver (differential). Every test owns a fresh namespace on the module's own control
 plane (etcd, a cached and a cache-less kube-apiserver, KWOK); both clients watch the cache-less one
 through a `TcpProxy` and an `HttpFaultProxy`. The scenario is seeded (MILES_DIFF_SEED, default 1)
-and bounded: it runs every operation and every fault once, with client-go's WatchListClient off
-and then on, in about two minutes each on two cores.
+and bounded: it runs every operation and every fault once, with both clients listing by LIST and
+then both streaming their lists (WatchList), in about two to three and a half minutes each on two
+cores.
 """
 
 from __future__ import annotations
@@ -39,22 +40,23 @@ def _harness(
         plane=env.plane,
         oracle_binary=env.oracle_binary,
         work_dir=work_dir,
-        config=HarnessConfig(seed=seed, oracle_watch_list=watch_list),
+        config=HarnessConfig(seed=seed, oracle_watch_list=watch_list, streaming_list=watch_list),
         kwok=env.kwok,
         kwok_unavailable=env.kwok_unavailable,
         log=_to_terminal,
     )
 
 
-def _oracle_streamed_its_lists(harness: DifferentialHarness) -> bool:
-    """Whether client-go synced by watch-list streams (`sendInitialEvents=true`), as its
-    WatchListClient does, rather than by LIST; Go names the user agent after the binary."""
-    oracle = harness.http_proxy.seen(lambda r: r.user_agent.startswith("oracle/"))
-    assert oracle, "no request of the oracle went through the HTTP proxy"
-    return any("sendInitialEvents=true" in r.target for r in oracle)
+def _streamed_its_lists(harness: DifferentialHarness, user_agent: str) -> bool:
+    """Whether the client whose user agent starts so synced by streaming lists
+    (`sendInitialEvents=true`), rather than by LIST. Go names its user agent after the binary
+    (`oracle/`), `kubernetes_asyncio` after its generator (`OpenAPI-Generator/`)."""
+    requests = harness.http_proxy.seen(lambda r: r.user_agent.startswith(user_agent))
+    assert requests, f"no request of {user_agent}* went through the HTTP proxy"
+    return any("sendInitialEvents=true" in r.target for r in requests)
 
 
-@pytest.mark.parametrize("watch_list", [False, True], ids=["watch-list-off", "watch-list-on"])
+@pytest.mark.parametrize("watch_list", [False, True], ids=["list", "streaming-list"])
 async def test_seeded_scenario_agrees_with_client_go_after_every_step(
     differential_env: DifferentialEnvironment,
     differential_seed: int,
@@ -63,8 +65,9 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
 ) -> None:
     """Every operation and fault of the issue, then a checkpoint: our store equals a fresh LIST
     (minus the parent-less pods our store evicts by design) and so does client-go's, and the
-    compaction fault is a real 410 that makes both relist. Run with client-go's WatchListClient
-    (its default since v0.35) off and on; the proxy's log shows which protocol it spoke."""
+    compaction fault is a real 410 that makes both relist. Run with both clients listing by LIST,
+    and with both streaming their lists (client-go's WatchListClient, its default since v0.35, and
+    our `streaming_list`); the proxy's log shows which protocol each spoke."""
     plan = ci_plan(random.Random(differential_seed))
     with logs_to(tmp_path / "runtime.log"):
         async with _harness(
@@ -75,7 +78,8 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
             finally:
                 _to_terminal(harness.stats.report())
             oracle_pid = harness.oracle.pid
-            assert _oracle_streamed_its_lists(harness) is watch_list
+            assert _streamed_its_lists(harness, "oracle/") is watch_list
+            assert _streamed_its_lists(harness, "OpenAPI-Generator/") is watch_list
     assert stats.divergences == 0
     assert stats.checkpoints >= len(plan) - len(stats.skipped)
     injected = set(stats.faults)

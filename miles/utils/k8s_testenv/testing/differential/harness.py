@@ -104,11 +104,15 @@ class HarnessConfig:
     silent_seconds: float = 8.0
     fault_seconds: float = 3.0
     without: frozenset[str] = frozenset()
+    keep_going: bool = False
+    """A soak counts a divergence and goes on with the next step instead of stopping."""
     """Operations and faults (their values) left out of a soak."""
     etcd_down_seconds: float = 3.0
     quiesce_timeout: float = 90.0
     bulk_size: int = 200
     oracle_watch_list: bool = False
+    streaming_list: bool = False
+    """Ours lists by a streaming list (`sendInitialEvents=true`), as client-go's WatchList does."""
 
 
 @dataclass
@@ -268,6 +272,7 @@ class DifferentialHarness:
             label_selector=SELECTOR,
             watch_timeout_seconds=self.config.watch_timeout_seconds,
             retry_delay=0.5,
+            streaming_list=self.config.streaming_list,
         )
         self._loop = ReconcileLoop(
             source=reflector.watch,
@@ -282,7 +287,8 @@ class DifferentialHarness:
             f"differential: namespace {self.namespace}, clients on the {self.config.target} "
             f"apiserver through {self._proxy.url} and {self._http_proxy.url} (HTTP/1.1), "
             "writes through the other one; "
-            f"oracle WatchListClient={'on' if self.config.oracle_watch_list else 'off'}; "
+            f"oracle WatchListClient={'on' if self.config.oracle_watch_list else 'off'}, "
+            f"ours streaming list={'on' if self.config.streaming_list else 'off'}; "
             f"logs in {self._work_dir}"
         )
 
@@ -309,9 +315,13 @@ class DifferentialHarness:
         index = 1
         while time.monotonic() < deadline:
             index += 1
-            await self.run_step(
-                soak_step(self._rng, index, without=self.config.without), label=f"step {index}"
-            )
+            step = soak_step(self._rng, index, without=self.config.without)
+            try:
+                await self.run_step(step, label=f"step {index}")
+            except DivergenceError as err:
+                if not self.config.keep_going:
+                    raise
+                self._log(f"differential: DIVERGENCE, counted, going on:\n{err}")
         return self.stats
 
     async def run_step(self, step: Step, *, label: str) -> None:
@@ -452,6 +462,15 @@ class DifferentialHarness:
                 for item in body["items"]
             ),
             parent_of=parent_of,
+        )
+
+    @property
+    def stored_pods(self) -> int:
+        """How many pods our store holds now."""
+        return (
+            sum(len(self._loop.get_by_parent(p)) for p in self._loop.parent_keys())
+            if self._loop
+            else 0
         )
 
     def _our_view(self) -> dict[str, PodRow]:
