@@ -28,6 +28,10 @@ from miles.utils.k8s_testenv.testing.differential.harness import (
 from miles.utils.k8s_testenv.testing.differential.oracle_client import process_gone
 from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, ci_plan
 
+_EVERY_REQUEST = 1_000_000
+"""Enough for every request of a CI run: client-go with WatchList on asks for thousands of
+watch-list streams while every watch is rejected."""
+
 
 def _to_terminal(line: str) -> None:
     print(line, file=sys.__stderr__, flush=True)
@@ -40,7 +44,12 @@ def _harness(
         plane=env.plane,
         oracle_binary=env.oracle_binary,
         work_dir=work_dir,
-        config=HarnessConfig(seed=seed, oracle_watch_list=watch_list, streaming_list=watch_list),
+        config=HarnessConfig(
+            seed=seed,
+            oracle_watch_list=watch_list,
+            streaming_list=watch_list,
+            proxy_history=_EVERY_REQUEST,
+        ),
         kwok=env.kwok,
         kwok_unavailable=env.kwok_unavailable,
         log=_to_terminal,
@@ -53,7 +62,7 @@ def _streamed_its_lists(harness: DifferentialHarness, user_agent: str) -> bool:
     (`oracle/`), `kubernetes_asyncio` after its generator (`OpenAPI-Generator/`)."""
     requests = harness.http_proxy.seen(lambda r: r.user_agent.startswith(user_agent))
     assert requests, f"no request of {user_agent}* went through the HTTP proxy"
-    return any("sendInitialEvents=true" in r.target for r in requests)
+    return any("sendinitialevents=true" in r.target.lower() for r in requests)
 
 
 @pytest.mark.parametrize("watch_list", [False, True], ids=["list", "streaming-list"])

@@ -105,6 +105,8 @@ class HarnessConfig:
     fault_seconds: float = 3.0
     without: frozenset[str] = frozenset()
     keep_going: bool = False
+    proxy_history: int = 4096
+    """How many requests the HTTP proxy remembers (a bounded log, so a soak does not grow)."""
     """A soak counts a divergence and goes on with the next step instead of stopping."""
     """Operations and faults (their values) left out of a soak."""
     etcd_down_seconds: float = 3.0
@@ -237,7 +239,11 @@ class DifferentialHarness:
         self._core = client.CoreV1Api(writer_api)
         await self._core.create_namespace({"metadata": {"name": self.namespace}})
         self._http_proxy = await self._stack.enter_async_context(
-            HttpFaultProxy(kubeconfig=self._target_kubeconfig, name="differential-http-proxy")
+            HttpFaultProxy(
+                kubeconfig=self._target_kubeconfig,
+                name="differential-http-proxy",
+                history=self.config.proxy_history,
+            )
         )
         behind_http = self._http_proxy.write_kubeconfig(self._work_dir / "http-proxy.kubeconfig")
         host, port = server_address(behind_http)
