@@ -16,13 +16,16 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
 from miles.utils.workers.reconcile.k8s_api import PodListPage
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
+
+if TYPE_CHECKING:
+    from miles.utils.workers.reconcile.metrics import MetricsTarget
 
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/selected"
@@ -184,6 +187,7 @@ class Cells:
         api: RecordingPodApi | None = None,
         watch_timeout_seconds: int = 60,
         retry_delay: float = 0.2,
+        metrics: MetricsTarget | None = None,
     ) -> AsyncIterator[Cells]:
         cells = cls(core_v1=core_v1, namespace=namespace, api=api or RecordingPodApi.over(core_v1))
         reflector = KubernetesReflector(
@@ -198,6 +202,7 @@ class Cells:
             reconcile=cells._record,
             key_map=cell_of,
             source_retry_delay=retry_delay,
+            metrics=metrics,
         )
         async with cells._loop:
             yield cells

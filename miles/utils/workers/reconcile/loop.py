@@ -7,10 +7,10 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles.utils.workers.reconcile.arguments import optional_period, positive_finite
-from miles.utils.workers.reconcile.clock import Clock, RealClock
+from miles.utils.workers.reconcile.clock import Clock, RealClock, time_function
 from miles.utils.workers.reconcile.log import NamedLogger
 from miles.utils.workers.reconcile.object_store import KeyMapFn, ObjectStore
 from miles.utils.workers.reconcile.retry_scheduler import RetryScheduler
@@ -25,11 +25,16 @@ from miles.utils.workers.reconcile.status import (
 )
 from miles.utils.workers.reconcile.work_queue import WorkQueue
 
+if TYPE_CHECKING:
+    from miles.utils.workers.reconcile.metrics import LoopSeries, MetricsTarget
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_RESYNC_PERIOD = 36000.0
 DEFAULT_SLOW_RECONCILE_AFTER = 60.0
 DEFAULT_NAME = "reconcile"
+SAMPLE_PERIOD = 1.0
+"""How often the watchdog stamps the time of the last event (so it is at most this late)."""
 ReconcileFn = Callable[[ParentKey], Awaitable[None]]
 
 _STOP_INSIDE_RECONCILE = (
@@ -70,6 +75,7 @@ class ReconcileLoop:
         name: str | None = None,
         slow_reconcile_after: float = DEFAULT_SLOW_RECONCILE_AFTER,
         reconcile_timeout: float | None = None,
+        metrics: MetricsTarget | None = None,
     ) -> None:
         self._resync_period = optional_period("resync_period", resync_period)
         positive_finite("failure_base_delay", failure_base_delay)
@@ -87,8 +93,15 @@ class ReconcileLoop:
         self._log = NamedLogger(logger, self.name)
         self._reconcile = reconcile
         self._clock: Clock = RealClock() if clock is None else clock
+        self._metrics: LoopSeries | None = None
+        if metrics is not None:
+            from miles.utils.workers.reconcile.metrics import attach
+
+            self._metrics = attach(metrics, self)
         self._store = ObjectStore(key_map=key_map, name=self.name)
-        self._queue: WorkQueue[ParentKey] = WorkQueue()
+        self._queue: WorkQueue[ParentKey] = WorkQueue(
+            clock=None if self._metrics is None else self._clock
+        )
         self._driver = SourceStreamDriver(
             source=source,
             store=self._store,
@@ -117,7 +130,6 @@ class ReconcileLoop:
         self.reconciles = 0
         self.reconcile_failures = 0
         self.reconcile_timeouts = 0
-        self.reconcile_seconds_total = 0.0
         self._in_flight: ParentKey | None = None
         self._in_flight_since = 0.0
         self._in_flight_seq = 0
@@ -198,6 +210,7 @@ class ReconcileLoop:
     def status(self) -> LoopStatus:
         """A frozen snapshot of the loop; costs O(parents waiting for a retry)."""
         now = self._clock.time()
+        self._driver.sample(now)
         in_flight = None
         if self._in_flight is not None:
             in_flight = ReconcileInFlight(
@@ -234,6 +247,10 @@ class ReconcileLoop:
                 status = self._driver.source_status()
                 return _with_error(status, f"source_status() raised {exc!r}", self._clock)
         return self._driver.source_status()
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
 
     @property
     def queue(self) -> WorkQueue[ParentKey]:
@@ -325,7 +342,7 @@ class ReconcileLoop:
             self._log.error("%s crashed while stopping: %r", task.get_name(), task.exception())
 
     async def _work(self) -> None:
-        queue, reconcile, now = self._queue, self._reconcile, self._clock.time
+        queue, reconcile, now = self._queue, self._reconcile, time_function(self._clock)
         task = asyncio.current_task()
         assert task is not None
         while (parent := await queue.get()) is not None:
@@ -339,9 +356,6 @@ class ReconcileLoop:
             else:
                 error = None
             self._in_flight = None
-            elapsed = now() - started
-            self.reconciles += 1
-            self.reconcile_seconds_total += elapsed
             timed_out = self._timing_out_seq == seq
             if timed_out:
                 task.uncancel()
@@ -349,6 +363,9 @@ class ReconcileLoop:
                 self._retries.note_success(parent)
             else:
                 self._on_failure(parent, error, timed_out, task)
+            self.reconciles += 1
+            if self._metrics is not None:
+                self._metrics.observe(started - queue.added_at, now() - started)
             await asyncio.sleep(0)
 
     def _on_failure(
@@ -379,14 +396,17 @@ class ReconcileLoop:
 
     async def _watch_reconciles(self) -> None:
         """Logs a reconcile once it has run ``slow_reconcile_after``; cancels it at
-        ``reconcile_timeout``. Sleeps until the next of those for the reconcile in flight, but
-        never longer than half the smaller of them, so a reconcile that starts meanwhile is seen
-        before its own first deadline, which is then met exactly."""
-        idle = min(self._slow_after, self._timeout or self._slow_after) / 2
-        clock = self._clock
+        ``reconcile_timeout``; stamps the driver's last event time. Sleeps until the next
+        deadline of the reconcile in flight, but never longer than ``SAMPLE_PERIOD`` or half the
+        smaller threshold, so a reconcile that starts meanwhile is seen before its own first
+        deadline, which is then met exactly."""
+        idle = min(self._slow_after / 2, (self._timeout or self._slow_after) / 2, SAMPLE_PERIOD)
+        clock, driver = self._clock, self._driver
         while True:
-            deadline = self._check_in_flight(clock.time())
-            await clock.sleep(idle if deadline is None else min(idle, deadline - clock.time()))
+            now = clock.time()
+            driver.sample(now)
+            deadline = self._check_in_flight(now)
+            await clock.sleep(idle if deadline is None else min(idle, deadline - now))
 
     def _check_in_flight(self, now: float) -> float | None:
         """Acts on the reconcile in flight; returns when it next needs looking at, if ever."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, KeysView, Mapping
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from miles.utils.workers.reconcile.log import NamedLogger, describe
@@ -21,10 +22,11 @@ logger = logging.getLogger(__name__)
 KeyMapFn = Callable[[Any], ParentKey | None]
 """Names the parent an object belongs to, or ``None`` for an object no parent owns."""
 
-Affected = KeysView[ParentKey]
-"""The parents one event affected: a set (``AbstractSet``) that iterates in a fixed order."""
+Affected = AbstractSet[ParentKey]
+"""The parents one event affected: a set that iterates in a fixed order (a ``set`` of one, else
+a dict's keys view)."""
 
-_NONE: Affected = {}.keys()
+_NONE: Affected = frozenset()
 
 
 class ObjectStore:
@@ -34,7 +36,8 @@ class ObjectStore:
     as a set whose iteration order is fixed: a move yields the old parent before the new; a
     replace yields the parents that lost an object first (to a deletion, in the order the store
     held those objects, then to a move, in listing order), then every parent with a member, in
-    the order of its first object in the listing.
+    the order the store's parent index holds them (the order in which each last gained a first
+    member): all of it a function of the events applied, never of hashing.
     An object ``key_map`` cannot attribute is not stored, and a stored copy of it is evicted so
     that it is never served under the parent it left: ``None`` silently, and a raise or anything
     but a ``str`` with one error line naming the object (once until its reason changes).
@@ -78,22 +81,44 @@ class ObjectStore:
         return len(self._parent_of)
 
     def _upsert(self, key: ObjectKey, obj: Any) -> Affected:
-        parent = self._parent_for(key, obj)
+        # _parent_for and the index update inlined: this runs once per watch event.
+        key_map = self._key_map
+        if key_map is None:
+            parent: ParentKey | None = key
+        else:
+            try:
+                parent = key_map(obj)
+            except Exception as exc:
+                parent = self._unmapped(key, f"key_map raised {exc!r}")
+            else:
+                if parent.__class__ is not str:
+                    parent = self._checked(key, parent)
+                elif self._unmappable:
+                    self._unmappable.pop(key, None)
         if parent is None:
             left = self._evict(key)
-            return _NONE if left is None else {left: None}.keys()
-        if self._parent_of.get(key) == parent:
+            return _NONE if left is None else {left}
+        previous = self._parent_of.get(key)
+        if previous == parent:
             self._members[parent][key] = obj
-            return {parent: None}.keys()
-        left = self._put(key, obj, parent)
-        return {parent: None}.keys() if left is None else {left: None, parent: None}.keys()
+            return {parent}
+        self._parent_of[key] = parent
+        members = self._members.get(parent)
+        if members is None:
+            self._members[parent] = {key: obj}
+        else:
+            members[key] = obj
+        if previous is None:
+            return {parent}
+        self._members_remove(key, previous)
+        return {previous: None, parent: None}.keys()
 
     def _delete(self, key: ObjectKey, last_obj: Any) -> Affected:
         left = self._evict(key)
         parent = left if left is not None else self._parent_for(key, last_obj)
         if self._unmappable:
             self._unmappable.pop(key, None)
-        return _NONE if parent is None else {parent: None}.keys()
+        return _NONE if parent is None else {parent}
 
     def _replace(self, objects: Mapping[ObjectKey, Any]) -> Affected:
         affected: dict[ParentKey, None] = {}
@@ -101,17 +126,38 @@ class ObjectStore:
             affected[self._members_remove(key, self._parent_of.pop(key))] = None
         for key in [key for key in self._unmappable if key not in objects]:
             del self._unmappable[key]
-        listed: dict[ParentKey, None] = {}
+        # _upsert's inlined paths again: this runs once per listed object.
+        key_map, unmappable = self._key_map, self._unmappable
+        parent_of, members_of = self._parent_of, self._members
+        parent: ParentKey | None
         for key, obj in objects.items():
-            parent = self._parent_for(key, obj)
+            if key_map is None:
+                parent = key
+            else:
+                try:
+                    parent = key_map(obj)
+                except Exception as exc:
+                    parent = self._unmapped(key, f"key_map raised {exc!r}")
+                else:
+                    if parent.__class__ is not str:
+                        parent = self._checked(key, parent)
+                    elif unmappable:
+                        unmappable.pop(key, None)
             if parent is None:
                 left = self._evict(key)
+                if left is not None:
+                    affected[left] = None
+                continue
+            previous = parent_of.get(key)
+            parent_of[key] = parent
+            members = members_of.get(parent)
+            if members is None:
+                members_of[parent] = {key: obj}
             else:
-                left = self._put(key, obj, parent)
-                listed[parent] = None
-            if left is not None:
-                affected[left] = None
-        affected.update(listed)
+                members[key] = obj
+            if previous is not None and previous != parent:
+                affected[self._members_remove(key, previous)] = None
+        affected.update(dict.fromkeys(self._members))
         self.replaces += 1
         return affected.keys()
 
@@ -121,36 +167,32 @@ class ObjectStore:
         try:
             parent = self._key_map(obj)
         except Exception as exc:
-            self._reject(key, f"key_map raised {exc!r}")
-            return None
-        if parent is None or parent.__class__ is str:
+            return self._unmapped(key, f"key_map raised {exc!r}")
+        if parent.__class__ is not str:
+            return self._checked(key, parent)
+        if self._unmappable:
+            self._unmappable.pop(key, None)
+        return parent
+
+    def _checked(self, key: ObjectKey, parent: object) -> ParentKey | None:
+        """A ``key_map`` result that is not exactly a ``str``: ``None`` and ``str`` subclasses
+        are fine, anything else cannot be a parent key."""
+        if parent is None:
             if self._unmappable:
                 self._unmappable.pop(key, None)
-            return parent
+            return None
         if isinstance(parent, str):
             return str.__str__(parent)
-        self._reject(key, f"key_map returned {describe(parent, 80)}, not a str parent key")
+        return self._unmapped(key, f"key_map returned {describe(parent, 80)}, not a str")
+
+    def _unmapped(self, key: ObjectKey, reason: str) -> ParentKey | None:
+        self._reject(key, reason)
         return None
 
     def _reject(self, key: ObjectKey, reason: str) -> None:
         if self._unmappable.get(key) != reason:
             self._unmappable[key] = reason
             self._log.error("object %r is not stored (evicted if held): %s", key, reason)
-
-    def _put(self, key: ObjectKey, obj: Any, parent: ParentKey) -> ParentKey | None:
-        """Stores ``obj`` under ``parent``; returns the parent it moved away from, if any."""
-        previous = self._parent_of.get(key)
-        if previous is not None and previous != parent:
-            self._members_remove(key, previous)
-        else:
-            previous = None
-        self._parent_of[key] = parent
-        members = self._members.get(parent)
-        if members is None:
-            self._members[parent] = {key: obj}
-        else:
-            members[key] = obj
-        return previous
 
     def _evict(self, key: ObjectKey) -> ParentKey | None:
         parent = self._parent_of.pop(key, None)

@@ -70,6 +70,7 @@ class SourceStreamDriver:
         self._rejected = 0
         self._opening_lists = 0
         self._last_event_at: float | None = None
+        self._stamped_events = 0
         self._phase = SourcePhase.STARTING
         self._phase_since: float | None = None
         self._backoff_until: float | None = None
@@ -174,7 +175,6 @@ class SourceStreamDriver:
         self._synced.set()
         self._enter(SourcePhase.WATCHING)
         handle_event, on_affected = self._store.handle_event, self._on_affected
-        now = self._clock.time
         events = self._events
         async for event in stream:
             events += 1
@@ -187,12 +187,22 @@ class SourceStreamDriver:
                 continue
             if affected:
                 on_affected(affected)
-            self._last_event_at = now()
         self._fail("source stream ended")
 
     def _note_event(self) -> None:
         self._events += 1
-        self._last_event_at = self._clock.time()
+        self._stamp(self._clock.time())
+
+    def sample(self, now: float) -> None:
+        """Stamps ``now`` as the last event's time if events arrived since the last sample: the
+        hot path counts events and never reads the clock, so ``last_event_at`` is as late as the
+        sampling period (the loop samples every second)."""
+        if self._events != self._stamped_events:
+            self._stamp(now)
+
+    def _stamp(self, now: float) -> None:
+        self._stamped_events = self._events
+        self._last_event_at = now
 
     def _apply(self, event: ReplaceEvent) -> bool:
         try:

@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
-from miles.utils.workers.reconcile.clock import Clock
+from miles.utils.workers.reconcile.clock import Clock, time_function
 
 K = TypeVar("K", bound=Hashable)
 
@@ -21,9 +21,10 @@ class WorkQueue(Generic[K]):
     slot deleted before it.
 
     ``adds`` counts keys that entered the queue (a key already queued does not count, as in Go's
-    ``workqueue_adds_total``). Given a ``clock``, the queue also times each key's wait: ``waited``
-    is how long the key ``get`` last returned had been queued (Go's
-    ``workqueue_queue_duration_seconds``); without one it stays 0 and costs nothing.
+    ``workqueue_adds_total``). Given a ``clock`` (construct it on the event loop that uses it), the
+    queue also notes when each key entered: ``added_at`` is that time for the key ``get`` last
+    returned (for Go's ``workqueue_queue_duration_seconds``); without one it stays 0 and costs
+    nothing.
     """
 
     def __init__(self, *, clock: Clock | None = None) -> None:
@@ -31,10 +32,10 @@ class WorkQueue(Generic[K]):
         self._queued: set[K] = set()
         self._waiter: asyncio.Future[None] | None = None
         self._shut_down = False
-        self._clock = clock
+        self._now = None if clock is None else time_function(clock)
         self._added_at: deque[float] = deque()
-        self.adds = 0
-        self.waited = 0.0
+        self._taken = 0
+        self.added_at = 0.0
 
     def add(self, key: K) -> None:
         self.add_all((key,))
@@ -43,27 +44,29 @@ class WorkQueue(Generic[K]):
         """Queues each key not yet queued, in iteration order; wakes the waiter at most once."""
         if self._shut_down:
             return
-        queued, order = self._queued, self._order
+        queued, order, now = self._queued, self._order, self._now
         before = len(order)
         for key in keys:
             if key not in queued:
                 queued.add(key)
                 order.append(key)
-        added = len(order) - before
-        if added:
-            self.adds += added
-            if self._clock is not None:
-                self._added_at.extend((self._clock.time(),) * added)
-            if self._waiter is not None:
-                self._wake()
+        if now is not None and len(order) > before:
+            self._added_at.extend((now(),) * (len(order) - before))
+        if order and self._waiter is not None:
+            self._wake()
+
+    @property
+    def adds(self) -> int:
+        return self._taken + len(self._order)
 
     async def get(self) -> K | None:
         while not self._shut_down:
             if self._order:
                 key = self._order.popleft()
                 self._queued.discard(key)
-                if self._clock is not None:
-                    self.waited = self._clock.time() - self._added_at.popleft()
+                self._taken += 1
+                if self._now is not None:
+                    self.added_at = self._added_at.popleft()
                 return key
             self._waiter = asyncio.get_running_loop().create_future()
             try:

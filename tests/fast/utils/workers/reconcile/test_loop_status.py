@@ -150,16 +150,20 @@ async def test_driver_status_phases_counters_and_last_error() -> None:
     snapshot = loop.status()
     assert snapshot.source.events == 4
     assert snapshot.events_applied == 3, "the listing, the upsert, the replace; not the garbage"
-    assert snapshot.source.last_event_at == 2.0
+    assert snapshot.source.last_event_at == 2.0, "sampled by status() itself"
+    await clock.advance(5.0)
+    source.push(upsert(Pod("b", "cell-1", 1)))
+    await clock.advance(1.5)
+    assert loop._driver.source_status().last_event_at == 8.0, "sampled every second"
     assert snapshot.source.relists == {"replace in stream": 1}
     source.fail(OSError("watch dropped"))
     await settle()
     status = loop.status().source
     assert status.phase is SourcePhase.BACKING_OFF
     assert status.backoff_until is not None
-    assert 2.0 + SOURCE_RETRY <= status.backoff_until < 2.0 + 2 * SOURCE_RETRY
+    assert 8.5 + SOURCE_RETRY <= status.backoff_until < 8.5 + 2 * SOURCE_RETRY
     assert status.last_error == "source stream failed: OSError('watch dropped')"
-    assert status.last_error_at == 2.0
+    assert status.last_error_at == 8.5
     source.push(replace(Pod("a", "cell-0", 3)))
     await clock.advance(2 * SOURCE_RETRY)
     status = loop.status().source
