@@ -67,6 +67,9 @@ SELECT_LABEL = "miles.diff/selected"
 GEN_LABEL = "miles.diff/gen"
 SELECTOR = f"{SELECT_LABEL}=in"
 PROBE_CONDITION = "miles.diff/Probe"
+STAMP_CONDITION = "miles.diff/Stamp"
+OUT_OF_RANGE_TIME = "0000-01-01T00:00:00Z"
+"""Accepted by the apiserver (Go's `time.Time` holds year 0), out of range for Python's datetime."""
 
 _POLL_INTERVAL = 0.1
 _WRITE_CONCURRENCY = 16
@@ -591,6 +594,8 @@ class DifferentialHarness:
         pod = self._model[name]
         if op is OpKind.STATUS:
             await self._status_patch(name)
+        elif op is OpKind.OUT_OF_RANGE_TIME:
+            await self._stamp_out_of_range(name)
 
         elif op is OpKind.RELABEL:
             self._generation += 1
@@ -632,6 +637,26 @@ class DifferentialHarness:
             "type": PROBE_CONDITION,
             "status": "True" if self._generation % 2 else "False",
             "reason": f"Gen{self._generation}",
+        }
+        await self._write(
+            "status patch",
+            name,
+            self._core.patch_namespaced_pod_status,
+            name,
+            self.namespace,
+            {"status": {"conditions": [condition]}},
+            _content_type=_MERGE_PATCH,
+        )
+
+    async def _stamp_out_of_range(self, name: str) -> None:
+        """A condition whose times the apiserver accepts and a datetime cannot hold (year 0)."""
+        self._generation += 1
+        condition = {
+            "type": STAMP_CONDITION,
+            "status": "True",
+            "reason": f"Gen{self._generation}",
+            "lastProbeTime": OUT_OF_RANGE_TIME,
+            "lastTransitionTime": OUT_OF_RANGE_TIME,
         }
         await self._write(
             "status patch",

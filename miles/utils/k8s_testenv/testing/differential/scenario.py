@@ -15,6 +15,7 @@ _BULK_EVERY = 20
 class OpKind(enum.StrEnum):
     CREATE = "create"
     STATUS = "status-update"
+    OUT_OF_RANGE_TIME = "out-of-range-timestamp"
     RELABEL = "label-update"
     MOVE = "move-parent"
     LEAVE = "leave-selector"
