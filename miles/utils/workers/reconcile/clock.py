@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -27,10 +28,15 @@ class RealClock:
 
 def time_function(clock: Clock) -> Callable[[], float]:
     """``clock.time`` to call in a hot loop on the running event loop: for a ``RealClock``, that
-    loop's own ``time`` method, the same reading without looking the loop up on every call."""
-    if type(clock) is RealClock:
-        return asyncio.get_running_loop().time
-    return clock.time
+    loop's own ``time`` method, the same reading without looking the loop up on every call, or
+    ``time.monotonic`` itself where the loop's ``time`` is asyncio's own, which returns just that.
+    """
+    if type(clock) is not RealClock:
+        return clock.time
+    loop = asyncio.get_running_loop()
+    if type(loop).time is asyncio.BaseEventLoop.time:
+        return time.monotonic
+    return loop.time
 
 
 class FakeClock:

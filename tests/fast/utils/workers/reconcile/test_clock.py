@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from miles.utils.workers.reconcile.clock import FakeClock, RealClock
+from miles.utils.workers.reconcile.clock import FakeClock, RealClock, time_function
 
 
 async def test_fake_clock_releases_sleepers_in_deadline_order() -> None:
@@ -45,3 +45,11 @@ async def test_fake_clock_runs_what_a_woken_sleeper_schedules_before_returning()
 async def test_real_clock_is_the_event_loop_time() -> None:
     before = asyncio.get_running_loop().time()
     assert RealClock().time() >= before
+
+
+async def test_time_function_reads_what_the_clock_reads() -> None:
+    fake = FakeClock(7.0)
+    assert time_function(fake)() == 7.0
+    real = RealClock()
+    before = real.time()
+    assert before <= time_function(real)() <= real.time()
