@@ -638,6 +638,9 @@ class DifferentialHarness:
             "status": "True" if self._generation % 2 else "False",
             "reason": f"Gen{self._generation}",
         }
+        await self._patch_condition(name, condition)
+
+    async def _patch_condition(self, name: str, condition: dict[str, str]) -> None:
         await self._write(
             "status patch",
             name,
@@ -658,15 +661,7 @@ class DifferentialHarness:
             "lastProbeTime": OUT_OF_RANGE_TIME,
             "lastTransitionTime": OUT_OF_RANGE_TIME,
         }
-        await self._write(
-            "status patch",
-            name,
-            self._core.patch_namespaced_pod_status,
-            name,
-            self.namespace,
-            {"status": {"conditions": [condition]}},
-            _content_type=_MERGE_PATCH,
-        )
+        await self._patch_condition(name, condition)
 
     async def _delete(self, name: str, *, grace: int) -> None:
         if grace == 0:
