@@ -464,12 +464,15 @@ async def test_failed_list_is_retried_with_a_growing_backoff() -> None:
             status = reflector.source_status()
             assert status.phase is SourcePhase.BACKING_OFF
             assert status.backoff_until is not None
-            delay = status.backoff_until - clock.time()
+            assert status.phase_since is not None
+            delay = status.backoff_until - status.phase_since
             delays.append(delay)
-            assert RETRY * 2 ** (n - 1) <= delay < RETRY * 2**n
-            await clock.advance(delay - EPS)
+            # backoff_until - since can round a ulp past either end of the step's range.
+            assert RETRY * 2 ** (n - 1) - 1e-9 <= delay < RETRY * 2**n + 1e-9
+            await clock.advance(status.backoff_until - clock.time() - EPS)
             assert len(api.list_calls) == n
-            await clock.advance(EPS)
+            # Two EPS, not one: (t + delay - EPS) + EPS can round below t + delay.
+            await clock.advance(2 * EPS)
             assert len(api.list_calls) == n + 1
         assert isinstance(consumer.events[0], ReplaceEvent)
     finally:
