@@ -1,6 +1,7 @@
 """Layer: real apiserver, no kubelet (the cache-less apiserver). The loop's Prometheus series
-after a real 410: a cursor made stale and compacted away is rejected, the reflector relists once,
-and the scrape says so by controller-runtime's and the reflector's names."""
+after a real 410: a cursor made stale and compacted away is rejected by the next re-watch, the
+reflector relists once, and the scrape says so by controller-runtime's and the reflector's
+names."""
 
 from __future__ import annotations
 
@@ -15,18 +16,24 @@ from tests.e2e.k8s_apiserver.harness import Cells, eventually
 
 pytestmark = pytest.mark.k8s_apiserver
 
+WATCH_TIMEOUT = 2
+"""The server ends each watch this soon, so the re-watch from the compacted cursor comes at once
+(the probe before it accepts any cursor the server has passed; the watch then gets the 410)."""
+
 
 async def test_metrics_after_a_real_410_relist(
     k8s_api_client: ApiClientFactory, k8s_local_control_plane: LocalControlPlane, k8s_namespace: str
 ) -> None:
     registry = CollectorRegistry()
     plane, namespace = k8s_local_control_plane, k8s_namespace
-    uncached = plane.apiserver("uncached")
     async with (
         k8s_api_client("uncached") as api,
         k8s_api_client("cached") as other,
         Cells.running(
-            core_v1=client.CoreV1Api(api), namespace=namespace, metrics=registry
+            core_v1=client.CoreV1Api(api),
+            namespace=namespace,
+            metrics=registry,
+            watch_timeout_seconds=WATCH_TIMEOUT,
         ) as cells,
     ):
         name = cells.loop.name
@@ -40,13 +47,11 @@ async def test_metrics_after_a_real_410_relist(
         assert sample("reflector_relists_total", reason="cursor expired") is None
         stale = cells.api.watches[-1].last_cursor
 
-        await asyncio.to_thread(uncached.stop)
         other_core = client.CoreV1Api(other)
         for index in range(3):
             body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"unwatched-{index}"))
             await other_core.create_namespaced_config_map(namespace, body)
         assert await asyncio.to_thread(plane.compact_etcd) > int(stale) + 1
-        await asyncio.to_thread(uncached.start)
 
         await eventually(
             lambda: sample("reflector_relists_total", reason="cursor expired") == 1,
@@ -63,7 +68,7 @@ async def test_metrics_after_a_real_410_relist(
             "controller_runtime_reconcile_total", {"controller": name, "result": "success"}
         )
         assert succeeded is not None
-        assert succeeded >= 3
+        assert succeeded >= 2, "a-0's and a-1's (a relist that changes nothing wakes no cell)"
         assert sample("workqueue_adds_total", controller=name) == succeeded
         print(
             f"layer k8s_apiserver, uncached apiserver: relist after a real 410 counted;"

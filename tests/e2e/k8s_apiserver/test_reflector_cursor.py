@@ -101,31 +101,41 @@ async def _compaction_scenario(
     *,
     delete_while_down: str | None,
 ) -> Cells:
-    """Cell "a" = a-0, a-1 on the uncached apiserver; stop it; optionally delete a pod through the
-    cached one; make the cursor stale and compact etcd to its head; start it again."""
+    """Cell "a" = a-0, a-1 on the uncached apiserver, whose watches end every
+    `SERVER_WATCH_TIMEOUT` seconds; make the cursor stale and compact etcd to its head.
+
+    With `delete_while_down`, the uncached apiserver is stopped first and that pod deleted through
+    the cached one, so no frame reports the deletion; the probe after the watch ends then finds
+    the server gone and the reflector relists ("server was unreachable"). Without it, the server
+    stays up, the probe accepts the stale cursor, and the re-watch from it meets a real 410."""
     uncached = plane.apiserver("uncached")
     async with (
         k8s_api_client("uncached") as api,
         k8s_api_client("cached") as other,
-        Cells.running(core_v1=client.CoreV1Api(api), namespace=namespace) as cells,
+        Cells.running(
+            core_v1=client.CoreV1Api(api),
+            namespace=namespace,
+            watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
+        ) as cells,
     ):
         await cells.create("a-0", cell="a")
         await cells.create("a-1", cell="a")
         await cells.converge("a", {"a-0", "a-1"})
         stale = cells.api.watches[-1].last_cursor
 
-        await asyncio.to_thread(uncached.stop)
         other_core = client.CoreV1Api(other)
         if delete_while_down is not None:
+            await asyncio.to_thread(uncached.stop)
             await other_core.delete_namespaced_pod(
                 delete_while_down, namespace, grace_period_seconds=0
             )
         await _make_cursor_stale_then_compact(other_core, plane, namespace, stale)
-        await asyncio.to_thread(uncached.start)
+        if delete_while_down is not None:
+            await asyncio.to_thread(uncached.start)
 
         await eventually(
             lambda: len(cells.api.lists) == 2,
-            what="the relist after the expired cursor",
+            what="the relist after the stale cursor",
             context=cells.api.describe,
         )
         await create_pod(other_core, namespace, "a-2", cell="a")
@@ -134,7 +144,11 @@ async def _compaction_scenario(
         await cells.assert_consistent(lists=2)
 
     rejected = [w for w in cells.api.watches if any(f.rejects_cursor for f in w.frames)]
-    assert [w.resource_version for w in rejected] == [stale]
+    if delete_while_down is None:
+        assert [w.resource_version for w in rejected] == [stale]
+    else:
+        assert rejected == []
+        assert any(p.failure is not None for p in cells.api.probes), cells.api.describe()
     return cells
 
 
@@ -160,7 +174,8 @@ async def test_deletion_missed_while_the_watch_was_down_is_synthesized_by_the_re
     k8s_api_client: ApiClientFactory, k8s_local_control_plane: LocalControlPlane, k8s_namespace: str
 ) -> None:
     """a-1 is deleted while the uncached apiserver is down and the compaction erases its DELETED
-    event, so no frame ever reports it: the relist's replace removes it and wakes cell "a"."""
+    event, so no frame ever reports it: the relist (the probe found the server gone) removes it
+    and wakes cell "a"."""
     cells = await _compaction_scenario(
         k8s_api_client, k8s_local_control_plane, k8s_namespace, delete_while_down="a-1"
     )

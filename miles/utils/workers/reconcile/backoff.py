@@ -1,7 +1,7 @@
 """Exponential backoff with jitter and a reset. Go: ``wait.Backoff`` + ``Backoff.DelayWithReset``.
 
 client-go's Reflector backs its relists and reconnects off with 800 ms, factor 2, jitter 1.0, cap
-30 s, reset after 2 minutes (``tools/cache/reflector.go``, since client-go commit b5668cea2).
+30 s, reset every 2 minutes (``tools/cache/reflector.go``, since client-go commit b5668cea2).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ class Backoff:
     ``[0, jitter)`` fraction of itself, as Go's ``wait.Jitter``; so a delay lies in
     ``[d, d * (1 + jitter))`` and is never zero.
 
-    ``reset()`` starts over at ``initial``. Unlike Go's ``backoffManager``, which resets every
-    ``resetInterval`` since its last reset even while failures continue, a delay asked for after
-    ``reset_after`` seconds without one also starts over: the reset follows health, so a server
-    that keeps failing stays at the cap instead of being probed at ``initial`` every two minutes.
+    As Go's ``backoffManager.Step``, the first delay asked for more than ``reset_after`` seconds
+    after the last reset starts over at ``initial``, failures or not: under faults that never
+    stop, the steps climb to the cap and start over every ``reset_after``. The first delay ever
+    asked for counts as a reset (Go's is the construction; nothing steps before either). ``reset()``
+    starts over at once.
     """
 
     def __init__(
@@ -49,7 +50,7 @@ class Backoff:
         self._reset_after = positive_finite("reset_after", reset_after)
         self._rand = rand
         self._next = self._initial
-        self._last_step: float | None = None
+        self._last_reset: float | None = None
 
     @property
     def initial(self) -> float:
@@ -58,13 +59,13 @@ class Backoff:
     def next_delay(self) -> float:
         """The delay to wait now; the one after it grows by ``factor``, up to ``cap``."""
         now = self._clock.time()
-        if self._last_step is not None and now - self._last_step > self._reset_after:
+        if self._last_reset is None or now - self._last_reset > self._reset_after:
             self._next = self._initial
-        self._last_step = now
+            self._last_reset = now
         delay = self._next
         self._next = min(self._next * self._factor, self._cap)
         return delay + self._rand() * self._jitter * delay
 
     def reset(self) -> None:
         self._next = self._initial
-        self._last_step = None
+        self._last_reset = self._clock.time()

@@ -13,7 +13,8 @@ phase and what it needs, an action performs the phase's one request and ends in 
 - ``PROBE``: a LIST of at most one pod not older than the cursor, with a ``PagedPodApi`` only.
 - ``WATCH``: follow a watch from the cursor; pod frames become events, bookmarks move the cursor.
 - ``BACKOFF``: wait one step of ``backoff.Backoff`` (``retry_delay`` doubling to 30 s, jitter 1.0,
-  reset after 2 minutes without a failure; at least a 429's ``Retry-After``), then go on.
+  starting over every 2 minutes), then go on; a failure that carries ``Retry-After`` waits just
+  that, up to ``RETRY_AFTER_RETRIES`` times in a row, as client-go's REST client retries it.
 
 Invariants:
 
@@ -33,7 +34,9 @@ Invariants:
 4. With a probe, every re-watch is preceded by a probe of its cursor, so a server whose history
    was rolled back (etcd restored from a snapshot) rejects the cursor with 504 before new writes
    can carry the watch past it; a plain watch from a cursor beyond the server's head is accepted
-   and stays silent, or picks up at the wrong revision once writes arrive.
+   and stays silent, or picks up at the wrong revision once writes arrive. A probe the server
+   never answers (refused, reset) relists: a server that was gone restarts, and once new writes
+   pass the cursor no resourceVersion can tell a restored history from ours.
 5. Nothing a frame contains ends the stream; only the consumer closing it does.
 """
 
@@ -59,6 +62,7 @@ from miles.utils.workers.reconcile.k8s_wire import (
     FrameDecodeError,
     KubernetesConnectionError,
     PodWatchEvent,
+    exception_is_refused,
     exception_keeps_cursor,
     exception_rejects_cursor,
     exception_retry_after,
@@ -78,6 +82,7 @@ __all__ = [
     "DEFAULT_RETRY_DELAY",
     "LIST_PAGE_SIZE",
     "PROBE_LIMIT",
+    "RETRY_AFTER_RETRIES",
     "SUSPECT_AFTER_SECONDS",
     "VERY_SHORT_WATCH_SECONDS",
     "KubernetesReflector",
@@ -92,6 +97,9 @@ PROBE_LIMIT = 1
 """Items a cursor probe asks for: it checks the cursor, the page itself is dropped."""
 DEFAULT_RETRY_DELAY = DEFAULT_INITIAL
 """The first backoff step, client-go's 800 ms (``defaultBackoffInit``)."""
+RETRY_AFTER_RETRIES = 10
+"""Failures in a row whose ``Retry-After`` is waited instead of a backoff step: client-go's REST
+client retries such a response itself, ``maxRetries`` (10) times, before its caller sees it."""
 BOOKMARK_INTERVAL_SECONDS = 60.0
 """How often a watch-cache apiserver sends a bookmark on an idle watch
 (``defaultBookmarkFrequency``, apiserver ``storage/cacher``)."""
@@ -192,6 +200,14 @@ def _verdict(err: BaseException) -> _Verdict:
     return _Verdict.FAILED
 
 
+def _unanswered(err: BaseException) -> bool:
+    """A request the server never answered: the connection was refused, reset or broke (a read
+    deadline aside, which a slow server can also reach)."""
+    if isinstance(err, KubernetesConnectionError) and err.idle:
+        return False
+    return isinstance(err, ConnectionError) or exception_is_refused(err)
+
+
 def _relist_reason(err: BaseException) -> str:
     code = err.frame.code if isinstance(err, WatchErrorFrame) else getattr(err, "code", None)
     if _verdict(err) is _Verdict.CURSOR_DEAD:
@@ -261,6 +277,9 @@ def _after_probe(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
     err = outcome.error
     verdict = _verdict(err)
     what = f"cursor probe at resourceVersion={state.cursor} failed: {exception_summary(err)}"
+    if _unanswered(err):
+        reason = "server was unreachable"
+        return _backoff(_State(caps.listing, relist_reason=reason), what, err, relist=reason)
     if verdict in (_Verdict.KEEPS_CURSOR, _Verdict.INTERRUPTED):
         return _backoff(replace(state, delay=0.0), what, err)
     reason = _relist_reason(err) if verdict is _Verdict.CURSOR_DEAD else "probe failed"
@@ -383,6 +402,7 @@ class KubernetesReflector:
         streams = streaming_list and self._streaming is not None
         self._caps = _Caps(Phase.STREAM_LIST if streams else Phase.LIST, self._paged is not None)
         self._progress = _Progress()
+        self._retries_after = 0
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
         state = _State(self._caps.listing)
@@ -438,13 +458,25 @@ class KubernetesReflector:
             self._progress.last_error = exception_summary(outcome.error)[:500]
             self._progress.last_error_at = self._clock.time()
         if nxt.phase is Phase.BACKOFF:
-            nxt = replace(nxt, delay=max(self._backoff.next_delay(), nxt.retry_after))
+            nxt = replace(nxt, delay=self._backoff_delay(nxt.retry_after))
+        elif state.phase is not Phase.BACKOFF:
+            self._retries_after = 0
         if step.relist is not None:
             self._progress.relists[step.relist] = self._progress.relists.get(step.relist, 0) + 1
         if step.what is not None:
             self._log.log(step.level, "%s; %s", step.what, _next_move(nxt))
         self._log.debug("%s -> %s", state.phase.value, _next_move(nxt))
         return nxt
+
+    def _backoff_delay(self, retry_after: float) -> float:
+        """A server's ``Retry-After`` alone, ``RETRY_AFTER_RETRIES`` times in a row (at least
+        ``retry_delay``, so a zero cannot spin); then, and for every other failure, a backoff
+        step of at least that long."""
+        if retry_after > 0 and self._retries_after < RETRY_AFTER_RETRIES:
+            self._retries_after += 1
+            return max(retry_after, self._backoff.initial)
+        self._retries_after = 0
+        return max(self._backoff.next_delay(), retry_after)
 
     def _enter(self, state: _State) -> None:
         p = self._progress

@@ -203,6 +203,11 @@ def exception_keeps_cursor(exc: BaseException) -> bool:
         return True
     if _status_reason(exc) == "TooManyRequests":
         return True
+    return exception_is_refused(exc)
+
+
+def exception_is_refused(exc: BaseException) -> bool:
+    """Whether the server refused the connection (nothing listening), anywhere in the chain."""
     return any(_is_refused(link) for link in _chain(exc))
 
 

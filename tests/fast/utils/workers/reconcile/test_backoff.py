@@ -1,4 +1,4 @@
-"""Backoff: Go's wait.Backoff steps, jitter bounds, the cap and the health-based reset."""
+"""Backoff: Go's wait.Backoff steps, jitter bounds, the cap and the reset every reset_after."""
 
 from __future__ import annotations
 
@@ -26,15 +26,37 @@ def test_jitter_stretches_each_delay_by_up_to_its_own_length() -> None:
     assert high.next_delay() == pytest.approx(0.8 * 1.999)
 
 
-async def test_a_delay_asked_for_after_reset_after_without_one_starts_over() -> None:
+async def test_steps_start_over_every_reset_after_even_while_failures_continue() -> None:
+    """Go ``backoffManager.Step``: the reset is timed from the last reset, not from the last
+    step, so failures every 30 s do not hold the delay at the cap."""
+    clock = FakeClock()
+    backoff = _no_jitter(clock)
+    delays = []
+    for _ in range(6):
+        delays.append(backoff.next_delay())
+        await clock.advance(30.0)
+    assert delays == [0.8, 1.6, 3.2, 6.4, 12.8, 0.8]
+
+
+async def test_a_delay_asked_for_long_after_the_last_reset_starts_over() -> None:
     clock = FakeClock()
     backoff = _no_jitter(clock)
     for _ in range(5):
         backoff.next_delay()
     await clock.advance(119.0)
     assert backoff.next_delay() == 25.6
-    await clock.advance(121.0)
+    await clock.advance(2.0)
     assert backoff.next_delay() == 0.8
+
+
+async def test_reset_restarts_the_reset_interval() -> None:
+    clock = FakeClock()
+    backoff = _no_jitter(clock)
+    await clock.advance(100.0)
+    backoff.reset()
+    backoff.next_delay()
+    await clock.advance(100.0)
+    assert backoff.next_delay() == 1.6
 
 
 def test_reset_starts_over() -> None:

@@ -25,6 +25,7 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
     StreamingFakePodApi,
     pod,
 )
+from miles.utils.workers.reconcile.backoff import Backoff
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_api import (
     FrameDecodeError,
@@ -36,6 +37,7 @@ from miles.utils.workers.reconcile.k8s_api import (
 )
 from miles.utils.workers.reconcile.k8s_reflector import (
     LIST_PAGE_SIZE,
+    RETRY_AFTER_RETRIES,
     SUSPECT_AFTER_SECONDS,
     KubernetesReflector,
 )
@@ -274,11 +276,12 @@ async def test_probe_failing_otherwise_relists_after_a_backoff_step() -> None:
     "failure",
     [
         KubernetesApiError(429, "TooManyRequests"),
-        KubernetesConnectionError("refused", refused=True),
-        ConnectionResetError("reset"),
+        TimeoutError(),
+        KubernetesConnectionError("idle", idle=True),
     ],
+    ids=["HTTP 429", "TimeoutError", "idle"],
 )
-async def test_probe_throttled_or_unreachable_probes_again_after_a_backoff_step(
+async def test_probe_throttled_or_slow_probes_again_after_a_backoff_step(
     failure: Exception,
 ) -> None:
     clock = FakeClock()
@@ -290,6 +293,62 @@ async def test_probe_throttled_or_unreachable_probes_again_after_a_backoff_step(
         assert [p.resource_version for p in api.probe_calls] == ["10", "10"]
         assert cursors(api) == ["10", "10"]
         assert len(api.list_calls) == 1
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        KubernetesConnectionError("refused", refused=True),
+        KubernetesConnectionError("pod LIST failed: Connection reset by peer"),
+        ConnectionRefusedError(111, "refused"),
+        ConnectionResetError(104, "reset"),
+    ],
+    ids=["refused", "reset", "ConnectionRefusedError", "ConnectionResetError"],
+)
+async def test_probe_never_answered_relists_after_a_backoff_step(
+    failure: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server gone long enough to leave the probe unanswered restarts: its etcd may have been
+    restored and written past the cursor (issue 16.9), so the cursor is not trusted again. Through
+    a proxy or a load balancer a stopped apiserver looks like a reset, not a refusal."""
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("10", "a"), page("12", "b")], watches=[[hold(clock, 1.0)]], probes=[failure]
+    )
+    async with running(api, clock) as run:
+        await clock.advance(1.0)
+        assert len(api.probe_calls) == 1
+        assert len(api.list_calls) == 1
+        await step_waited(clock)
+        assert len(api.list_calls) == 2
+        assert list(run.replaces()[-1].objects) == ["b"]
+        assert cursors(api) == ["10", "12"]
+    assert "relisting by LIST (server was unreachable)" in caplog.text
+
+
+async def test_retry_after_is_waited_alone_ten_times_in_a_row_then_with_a_backoff_step() -> None:
+    """client-go's REST client waits a response's Retry-After and retries, ``maxRetries`` (10)
+    times, before the reflector sees the error and backs off."""
+    clock = FakeClock()
+    throttled = KubernetesApiError(429, "TooManyRequests", retry_after=1.0)
+    api = FakePodApi(lists=[*[throttled] * (RETRY_AFTER_RETRIES + 1), page("10")])
+    reflector = reflector_over(api, clock)
+    consumer = Consumer(reflector.watch())
+    try:
+        await clock.advance(0)
+        for n in range(1, RETRY_AFTER_RETRIES + 1):
+            # Retry-After 1 s, raised to retry_delay: retry n comes at n·RETRY exactly.
+            await clock.advance(n * RETRY - EPS - clock.time())
+            assert len(api.list_calls) == n
+            await clock.advance(2 * EPS)
+            assert len(api.list_calls) == n + 1
+        status = reflector.source_status()
+        assert status.backoff_until is not None
+        assert status.phase_since is not None
+        assert status.backoff_until - status.phase_since >= RETRY
+    finally:
+        consumer.task.cancel()
+        await asyncio.gather(consumer.task, return_exceptions=True)
 
 
 # --- failures -------------------------------------------------------------------------------
@@ -369,18 +428,31 @@ async def test_a_watch_answered_500_for_a_minute_relists_once_per_backoff_step()
     assert len(api.watch_calls) == lists
 
 
+async def _steps_taken_within(seconds: float, rand: float) -> int:
+    """How many steps of the reflector's backoff end within ``seconds`` at jitter ``rand``."""
+    clock = FakeClock()
+    backoff = Backoff(clock=clock, initial=RETRY, rand=lambda: rand)
+    steps = 0
+    while (delay := backoff.next_delay()) <= seconds - clock.time():
+        await clock.advance(delay)
+        steps += 1
+    return steps
+
+
 async def test_a_server_rejecting_every_cursor_is_listed_once_per_backoff_step() -> None:
     """Issue 16.3: every WATCH answered 410. Over 10 minutes of fake time the LIST count is that
-    of a backoff doubling to 30 s (at most 6 steps in the first minute, then one per 30 to 60 s),
-    not one per ``retry_delay``."""
+    of Go's backoff (steps doubling to 30 s, starting over every 2 minutes): between the steps
+    at their longest (jitter 1.0 doubles each) and at their shortest, not one per
+    ``retry_delay``."""
     clock = FakeClock()
     expired = KubernetesApiError(410, "Expired")
     api = FakePodApi(lists=[page(str(i)) for i in range(1, 100)], watches=[expired] * 100)
     async with running(api, clock):
         for _ in range(600):
             await clock.advance(1.0)
-    assert len(api.list_calls) <= 6 + 600 // 30
-    assert len(api.list_calls) >= 1 + 540 // 60
+    fewest, most = await _steps_taken_within(600, 0.999), await _steps_taken_within(600, 0.0)
+    assert most < 600 / RETRY / 5
+    assert 1 + fewest <= len(api.list_calls) <= 1 + most
 
 
 @pytest.mark.parametrize(
