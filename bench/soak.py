@@ -11,8 +11,10 @@ It starts its own etcd, two kube-apiservers and KWOK (the pinned binaries are bu
 missing), runs `miles.utils.k8s_testenv.testing.differential.harness` until the time is up (the
 step in flight is finished), and prints: operations applied, faults injected by kind, checkpoints
 compared, divergences, relists, and the median and worst convergence time after each fault kind for
-ours and for client-go side by side. Exit status 0 only when every checkpoint was compared and none
-diverged.
+ours and for client-go side by side, then the resources of the loop's own process
+(`bench/soak_loop.py`, so that the harness's writers, fresh LISTs and TLS-terminating fault
+proxies do not count in them) and of the soak's. Exit status 0 only when every checkpoint was
+compared and none diverged.
 """
 
 from __future__ import annotations
@@ -37,7 +39,13 @@ from miles.utils.k8s_testenv.testing.differential.harness import (
     DivergenceError,
     HarnessAborted,
     HarnessConfig,
+    OursFactory,
     logs_to,
+)
+from miles.utils.k8s_testenv.testing.differential.ours import (
+    OurLoop,
+    OurLoopProcess,
+    OurLoopSettings,
 )
 from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, ci_plan
 from miles.utils.k8s_testenv.testing.differential.stats import Stats
@@ -77,6 +85,17 @@ def _arguments() -> argparse.Namespace:
         "--no-tracemalloc", action="store_true", help="sample without tracemalloc's overhead"
     )
     parser.add_argument(
+        "--loop-in-process",
+        action="store_true",
+        help="run our loop in the soak's process (its resources are then the harness's too)",
+    )
+    parser.add_argument(
+        "--pod-kib",
+        type=float,
+        default=12.2,
+        help="RSS per stored pod subtracted in rss_less_pods_mib (README: bench/apiserver.py)",
+    )
+    parser.add_argument(
         "--oracle-watch-list", action="store_true", help="client-go's WatchListClient on"
     )
     parser.add_argument(
@@ -84,6 +103,32 @@ def _arguments() -> argparse.Namespace:
     )
     parser.add_argument("--work-dir", type=Path, default=None, help="logs (default: a temp dir)")
     return parser.parse_args()
+
+
+def _ours(args: argparse.Namespace, work_dir: Path) -> OursFactory:
+    if args.loop_in_process:
+        return OurLoop
+    sampling = [
+        f"--work-dir={work_dir}",
+        f"--sample-every={args.sample_every}",
+        f"--warmup={_warmup(args)}",
+        f"--pod-kib={args.pod_kib}",
+        *(["--no-tracemalloc"] if args.no_tracemalloc else []),
+    ]
+
+    def factory(settings: OurLoopSettings) -> OurLoopProcess:
+        return OurLoopProcess(
+            settings,
+            module="bench.soak_loop",
+            log_path=work_dir / "loop.log",
+            extra_args=tuple(sampling),
+        )
+
+    return factory
+
+
+def _warmup(args: argparse.Namespace) -> float:
+    return min(60.0, float(args.seconds) / 5)
 
 
 async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
@@ -105,22 +150,30 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
         kwok=env.kwok,
         kwok_unavailable=env.kwok_unavailable,
         log=_say,
+        ours=_ours(args, env.work_dir),
     )
     sampler = ResourceSampler(
         period=args.sample_every,
-        warmup=min(60.0, args.seconds / 5),
+        warmup=_warmup(args),
         log_path=env.work_dir / "resources.tsv",
         stored_pods=lambda: harness.stored_pods,
         trace_allocations=not args.no_tracemalloc,
+        title="the soak's process" + (", our loop in it" if args.loop_in_process else ""),
+        pod_kib=args.pod_kib if args.loop_in_process else 0.0,
     )
-    async with sampler, harness:
-        try:
-            if args.plan == "ci":
-                return await harness.run(ci_plan(random.Random(args.seed), without=config.without))
-            return await harness.run_for(args.seconds)
-        finally:
-            print(harness.stats.report(), flush=True)
-            print(sampler.report(), flush=True)
+    try:
+        async with sampler, harness:
+            try:
+                if args.plan == "ci":
+                    plan = ci_plan(random.Random(args.seed), without=config.without)
+                    return await harness.run(plan)
+                return await harness.run_for(args.seconds)
+            finally:
+                print(harness.stats.report(), flush=True)
+    finally:
+        print(sampler.report(), flush=True)
+        if (loop_report := env.work_dir / "loop-resources.txt").exists():
+            print(loop_report.read_text(), end="", flush=True)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -135,6 +188,7 @@ def main() -> int:
     args = _arguments()
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="miles-soak-"))
     work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "loop-resources.txt").unlink(missing_ok=True)
     started = time.monotonic()
     print(
         f"soak: seed {args.seed}, plan {args.plan}, "

@@ -1,19 +1,28 @@
-"""The soak's own process, sampled every few seconds: open file descriptors, asyncio tasks,
-threads, RSS, Python objects and `tracemalloc`'s traced bytes and top allocations, with each
-one's growth per hour fitted at the end. Go counterpart: none (a pprof heap profile plays it).
+"""A process of the soak, sampled every few seconds: open file descriptors, asyncio tasks,
+threads, RSS, glibc's heap (in use and free), Python objects and collections, and `tracemalloc`'s
+traced bytes and top allocations, with each one's growth per hour fitted at the end. Go
+counterpart: none (a pprof heap profile plays it).
+
+`rss_anon_mib` is RSS less mapped files (glibc's heap, pymalloc's arenas, thread stacks);
+`heap_used_mib` and `heap_free_mib` are glibc's `mallinfo2()` over all arenas (mmapped blocks
+counted as used); `tracemalloc_own_mib` is tracemalloc's own bookkeeping, itself on that heap.
 
 Every sample goes to a TSV file as it is taken, so a run that is stopped early still leaves them.
 RSS is read before the tracemalloc snapshot, whose own transient memory would otherwise show in it.
+At the end the report says how much RSS `malloc_trim(0)` gives back (heap glibc holds free) and
+which Python types grew in number since the warm-up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import gc
 import os
-import threading
 import time
 import tracemalloc
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -27,19 +36,72 @@ _TOP = 10
 class Sample:
     at: float
     rss_mib: float
+    rss_anon_mib: float
+    rss_less_pods_mib: float
+    heap_used_mib: float
+    heap_free_mib: float
     fds: int
     tasks: int
     threads: int
     gc_objects: int
+    gc_collections: int
     traced_mib: float
+    tracemalloc_own_mib: float
     stored_pods: int
 
 
-def _rss_mib() -> float:
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    libc = ctypes.CDLL(name)
+    if not hasattr(libc, "mallinfo2") or not hasattr(libc, "malloc_trim"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    libc.malloc_trim.argtypes = [ctypes.c_size_t]
+    return libc
+
+
+def _heap_mib(libc: ctypes.CDLL | None) -> tuple[float, float]:
+    """glibc's heap over all arenas: bytes in use (mmapped blocks included) and bytes free but
+    kept; (nan, nan) without glibc 2.33's `mallinfo2`."""
+    if libc is None:
+        return float("nan"), float("nan")
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / _MIB, info.fordblks / _MIB
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _status_mib(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _rss_mib() -> float:
+    return _status_mib("VmRSS")
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
@@ -57,7 +119,9 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
 class ResourceSampler:
     """`async with ResourceSampler(period=10, warmup=60, log_path=...) as sampler:` samples
     until the block ends; `report()` prints the table. Growth is fitted from `warmup` seconds on,
-    and tracemalloc's top allocations are compared with its snapshot at the end of the warm-up."""
+    and tracemalloc's top allocations are compared with its snapshot at the end of the warm-up.
+    `rss_less_pods_mib` is RSS minus `pod_kib` per stored pod: the growth the pool does not
+    explain."""
 
     def __init__(
         self,
@@ -67,7 +131,15 @@ class ResourceSampler:
         log_path: Path,
         stored_pods: Callable[[], int],
         trace_allocations: bool = True,
+        title: str = "the soak process",
+        pod_kib: float = 0.0,
     ) -> None:
+        self._title = title
+        self._pod_kib = pod_kib
+        self._libc = _libc()
+        self._types_at_warmup: Counter[str] | None = None
+        self._types_growth: list[str] = []
+        self._trimmed: tuple[float, float] | None = None
         self._stored_pods = stored_pods
         self._period = period
         self._warmup = warmup
@@ -98,8 +170,18 @@ class ResourceSampler:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._take()
+        self._types_growth = self._type_growth()
+        self._trimmed = self._trim()
         if self._trace:
             tracemalloc.stop()
+
+    def _trim(self) -> tuple[float, float] | None:
+        """RSS before and after `malloc_trim(0)`: what glibc held free and now gives back."""
+        if self._libc is None:
+            return None
+        before = _rss_mib()
+        self._libc.malloc_trim(0)
+        return before, _rss_mib()
 
     async def _run(self) -> None:
         while True:
@@ -108,18 +190,28 @@ class ResourceSampler:
 
     def _take(self) -> None:
         at = time.monotonic() - self._started
-        rss = _rss_mib()
+        rss, anon = _rss_mib(), _status_mib("RssAnon")
+        used, free = _heap_mib(self._libc)
         traced = tracemalloc.get_traced_memory()[0] / _MIB if self._trace else 0.0
+        pods = self._stored_pods()
         sample = Sample(
             at=round(at, 1),
             rss_mib=round(rss, 2),
+            rss_anon_mib=round(anon, 2),
+            rss_less_pods_mib=round(rss - pods * self._pod_kib / 1024, 2),
+            heap_used_mib=round(used, 2),
+            heap_free_mib=round(free, 2),
             fds=len(os.listdir("/proc/self/fd")),
             tasks=len(asyncio.all_tasks()),
-            threads=threading.active_count(),
+            threads=_os_threads(),
             gc_objects=len(gc.get_objects()),
+            gc_collections=sum(stat["collections"] for stat in gc.get_stats()),
             traced_mib=round(traced, 2),
-            stored_pods=self._stored_pods(),
+            tracemalloc_own_mib=round(tracemalloc.get_tracemalloc_memory() / _MIB, 2),
+            stored_pods=pods,
         )
+        if self._types_at_warmup is None and at >= self._warmup:
+            self._types_at_warmup = _type_counts()
         self.samples.append(sample)
         with self._log_path.open("a") as log:
             log.write("\t".join(str(getattr(sample, f.name)) for f in fields(Sample)) + "\n")
@@ -132,25 +224,17 @@ class ResourceSampler:
     def report(self) -> str:
         after = [s for s in self.samples if s.at >= self._warmup]
         lines = [
-            f"resources of the soak process, sampled every {self._period:.0f}s "
+            f"resources of {self._title} (pid {os.getpid()}), sampled every {self._period:.0f}s "
             f"({len(self.samples)} samples, {self.samples[-1].at:.0f}s); growth per hour is a "
             f"least-squares fit from {self._warmup:.0f}s on ({len(after)} samples)",
-            f"  {'what':<12} {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'per hour':>10}",
+            f"  {'what':<17} {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'per hour':>10}",
         ]
-        for name in (
-            "rss_mib",
-            "fds",
-            "tasks",
-            "threads",
-            "gc_objects",
-            "traced_mib",
-            "stored_pods",
-        ):
+        for name in (f.name for f in fields(Sample) if f.name != "at"):
             values = [float(getattr(s, name)) for s in self.samples]
             slope = slope_per_hour([(s.at, float(getattr(s, name))) for s in after])
             per_hour = "n/a" if slope is None else f"{slope:+.1f}"
             lines.append(
-                f"  {name:<12} {values[0]:>10.1f} {values[-1]:>10.1f} {min(values):>10.1f} "
+                f"  {name:<17} {values[0]:>10.1f} {values[-1]:>10.1f} {min(values):>10.1f} "
                 f"{max(values):>10.1f} {per_hour:>10}"
             )
         per_pod = slope_per_hour([(float(s.stored_pods), s.rss_mib) for s in after])
@@ -159,8 +243,38 @@ class ResourceSampler:
                 f"RSS against the pods stored: {per_pod / 3600 * 1024:+.1f} KiB per pod "
                 "(least-squares slope over the same samples; growth that tracks the pool is data)"
             )
+        first, last = after[0] if after else self.samples[0], self.samples[-1]
+        if first.stored_pods and last.stored_pods:
+            lines.append(
+                f"RSS per stored pod: {first.rss_mib * 1024 / first.stored_pods:.0f} KiB at "
+                f"{first.at:.0f}s ({first.stored_pods} pods), "
+                f"{last.rss_mib * 1024 / last.stored_pods:.0f} KiB at {last.at:.0f}s "
+                f"({last.stored_pods} pods)"
+            )
+        if self._pod_kib:
+            lines.append(
+                f"rss_less_pods_mib is RSS minus {self._pod_kib:.1f} KiB per stored pod "
+                "(bench/apiserver.py's RSS per pod for ours)"
+            )
+        if self._trimmed is not None:
+            rss_before, rss_after = self._trimmed
+            lines.append(
+                f"malloc_trim(0) at the end: RSS {rss_before:.1f} -> {rss_after:.1f} MiB "
+                f"({rss_after - rss_before:+.1f} MiB: heap glibc held free and gave back)"
+            )
+        lines += self._types_growth
         lines += self._top_growth()
         return "\n".join(lines)
+
+    def _type_growth(self) -> list[str]:
+        if self._types_at_warmup is None:
+            return []
+        growth = _type_counts()
+        growth.subtract(self._types_at_warmup)
+        top = [(name, n) for name, n in growth.most_common(_TOP) if n > 0]
+        return [f"Python objects: top {_TOP} growths by type since the end of the warm-up"] + [
+            f"  {n:+8d}  {name}" for name, n in top
+        ]
 
     def _top_growth(self) -> list[str]:
         if not self._trace:
@@ -175,3 +289,7 @@ class ResourceSampler:
                 f"{frame.filename}:{frame.lineno}"
             )
         return lines
+
+
+def _type_counts() -> Counter[str]:
+    return Counter(type(o).__qualname__ for o in gc.get_objects())

@@ -31,7 +31,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,18 +51,21 @@ from miles.utils.k8s_testenv.http_fault_proxy import (
 from miles.utils.k8s_testenv.kwok import Kwok
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
 from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleError, OracleProcess
+from miles.utils.k8s_testenv.testing.differential.ours import (
+    PARENT_LABEL,
+    OurLoop,
+    OurLoopError,
+    OurLoopSettings,
+    Ours,
+    OurViews,
+    parent_of,
+)
 from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, Step, soak_step
 from miles.utils.k8s_testenv.testing.differential.stats import Convergence, Stats
 from miles.utils.k8s_testenv.testing.differential.views import Comparison, PodRow, View, view_of
-from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
-from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
-from miles.utils.workers.reconcile.k8s_types import Pod
-from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 logger = logging.getLogger(__name__)
 
-PARENT_LABEL = "miles.diff/parent"
 SELECT_LABEL = "miles.diff/selected"
 GEN_LABEL = "miles.diff/gen"
 SELECTOR = f"{SELECT_LABEL}=in"
@@ -79,6 +82,7 @@ _WRITE_RETRY_SECONDS = 60.0
 _IN_FAULT_OPS = 3
 
 LogFn = Callable[[str], None]
+OursFactory = Callable[[OurLoopSettings], AbstractAsyncContextManager[Ours]]
 
 
 class DivergenceError(AssertionError):
@@ -91,10 +95,6 @@ class HarnessAborted(RuntimeError):
 
 class _ListFailed(Exception):
     """The fresh LIST could not be made this poll (the control plane is still recovering)."""
-
-
-class ReconcileFault(RuntimeError):
-    """Raised by the test reconcile while the reconcile-raises fault is on."""
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,6 @@ class _ModelPod:
     selected: bool
     bound: bool
     terminating: bool = False
-
-
-def parent_of(labels: Mapping[str, str]) -> str | None:
-    return labels.get(PARENT_LABEL)
 
 
 def _read_kubeconfig(path: Path) -> Any:
@@ -177,7 +173,10 @@ class DifferentialHarness:
         kwok: Kwok | None = None,
         kwok_unavailable: str | None = None,
         log: LogFn = print,
+        ours: OursFactory = OurLoop,
     ) -> None:
+        """`ours` builds our side from its settings: `OurLoop` in this process by default, or
+        `OurLoopProcess` in a child whose own resources can then be measured apart."""
         self.config = config
         self.stats = Stats()
         for left_out in sorted(config.without):
@@ -197,12 +196,12 @@ class DifferentialHarness:
         self._proxy: TcpProxy | None = None
         self._http_proxy: HttpFaultProxy | None = None
         self._oracle: OracleProcess | None = None
-        self._loop: ReconcileLoop | None = None
-        self._our_api: RecordingPodApi | None = None
+        self._ours_factory = ours
+        self._ours: Ours | None = None
+        self._our_lists = 0
         self._core: Any = None
-        self._reconciled: dict[str, dict[str, PodRow]] = {}
-        self._reconcile_delay = 0.0
-        self._reconcile_raises = False
+        self.stored_pods = 0
+        """How many pods our store held at the last comparison."""
         self._oracle_lists = 0
 
     @property
@@ -266,32 +265,17 @@ class DifferentialHarness:
                 watch_list=self.config.oracle_watch_list,
             )
         )
-        our_api = await self._stack.enter_async_context(api_client(proxied))
-        self._our_api = RecordingPodApi(
-            KubernetesAsyncioPodApi(
-                core_v1_api=client.CoreV1Api(our_api),
-                connect_timeout=3.0,
-                list_read_timeout=15.0,
-                watch_read_margin=2.0,
+        self._ours = await self._stack.enter_async_context(
+            self._ours_factory(
+                OurLoopSettings(
+                    kubeconfig=proxied,
+                    namespace=self.namespace,
+                    selector=SELECTOR,
+                    watch_timeout_seconds=self.config.watch_timeout_seconds,
+                    streaming_list=self.config.streaming_list,
+                )
             )
         )
-        reflector = KubernetesReflector(
-            kube_client=self._our_api,
-            namespace=self.namespace,
-            label_selector=SELECTOR,
-            watch_timeout_seconds=self.config.watch_timeout_seconds,
-            retry_delay=0.5,
-            streaming_list=self.config.streaming_list,
-        )
-        self._loop = ReconcileLoop(
-            source=reflector.watch,
-            reconcile=self._reconcile,
-            key_map=lambda pod: parent_of(pod.metadata.labels),
-            failure_base_delay=0.2,
-            failure_max_delay=2.0,
-            source_retry_delay=0.5,
-        )
-        await self._stack.enter_async_context(self._loop)
         self._log(
             f"differential: namespace {self.namespace}, clients on the {self.config.target} "
             f"apiserver through {self._proxy.url} and {self._http_proxy.url} (HTTP/1.1), "
@@ -395,7 +379,7 @@ class DifferentialHarness:
                 self._fail_checkpoint(what, last, list_error)
             await asyncio.sleep(_POLL_INTERVAL)
         self.stats.checkpoints += 1
-        self._forget_recordings()
+        await self._our_side().forget_recordings()
         if healed_at is None:
             return None
         since = {view: max(0.0, (at or origin) - origin) for view, at in matched_since.items()}
@@ -403,14 +387,10 @@ class DifferentialHarness:
             ours=since["ours"], client_go=since["client-go"], reconciled=since["reconciled"]
         )
 
-    def _forget_recordings(self) -> None:
-        """The recorder keeps every page and frame, and the harness reads only its LIST count:
-        dropping the rest at each checkpoint keeps a soak's memory from growing with every frame
-        of the run (measured: 130k to 410k Python objects over 20 minutes)."""
-        api = self._our_api
-        if api is not None:
-            for recorded in (api.log, api.lists, api.pages, api.probes, api.watches):
-                recorded.clear()
+    def _our_side(self) -> Ours:
+        if self._ours is None:
+            raise HarnessAborted("the harness is not started")
+        return self._ours
 
     def _fail_checkpoint(self, what: str, last: Comparison | None, list_error: str) -> None:
         if last is None:
@@ -431,10 +411,12 @@ class DifferentialHarness:
             raise HarnessAborted(f"the HTTP proxy died, so no comparison can be made: {problem}")
         if (problem := self.oracle.failure()) is not None:
             raise HarnessAborted(f"the oracle died, so no comparison can be made: {problem}")
+        if (problem := self._our_side().failure()) is not None:
+            raise HarnessAborted(f"our loop died, so no comparison can be made: {problem}")
 
     async def _compare(self) -> Comparison:
         truth = await self._fresh_list()
-        ours = self._our_view()
+        ours = await self._our_views()
         try:
             snapshot = await self.oracle.snapshot()
         except OracleError as err:
@@ -444,7 +426,16 @@ class DifferentialHarness:
             ((n, p.uid, p.resource_version, p.labels) for n, p in snapshot.pods.items()),
             parent_of=parent_of,
         )
-        return Comparison(truth=truth, ours=ours, oracle=oracle, reconciled=self._reconciled_view())
+        return Comparison(truth=truth, ours=ours.store, oracle=oracle, reconciled=ours.reconciled)
+
+    async def _our_views(self) -> OurViews:
+        try:
+            views = await self._our_side().views()
+        except OurLoopError as err:
+            raise HarnessAborted(f"our loop cannot be read: {err}") from err
+        self._our_lists = views.lists
+        self.stored_pods = len(views.store)
+        return views
 
     async def _fresh_list(self) -> dict[str, PodRow]:
         """A consistent LIST (resourceVersion unset) through the writers' apiserver."""
@@ -473,46 +464,10 @@ class DifferentialHarness:
             parent_of=parent_of,
         )
 
-    @property
-    def stored_pods(self) -> int:
-        """How many pods our store holds now."""
-        return (
-            sum(len(self._loop.get_by_parent(p)) for p in self._loop.parent_keys())
-            if self._loop
-            else 0
-        )
-
-    def _our_view(self) -> dict[str, PodRow]:
-        assert self._loop is not None
-        view: dict[str, PodRow] = {}
-        for parent in self._loop.parent_keys():
-            for pod in self._loop.get_by_parent(parent):
-                view[pod.metadata.name] = _row(pod, parent)
-        return view
-
-    def _reconciled_view(self) -> dict[str, PodRow]:
-        view: dict[str, PodRow] = {}
-        for parent, members in sorted(self._reconciled.items()):
-            for name, row in members.items():
-                if name in view:
-                    row = PodRow(row.uid, row.resource_version, f"{view[name].parent}+{parent}")
-                view[name] = row
-        return view
-
     def _relist_counts(self) -> tuple[int, int]:
-        self.stats.our_lists = self._our_api.list_attempts if self._our_api is not None else 0
+        self.stats.our_lists = self._our_lists
         self.stats.oracle_lists = self._oracle_lists
         return self.stats.our_lists, self.stats.oracle_lists
-
-    async def _reconcile(self, parent: str) -> None:
-        if self._reconcile_delay:
-            await asyncio.sleep(self._reconcile_delay)
-        if self._reconcile_raises:
-            raise ReconcileFault(f"reconcile of {parent} fails while the fault is on")
-        assert self._loop is not None
-        self._reconciled[parent] = {
-            pod.metadata.name: _row(pod, parent) for pod in self._loop.get_by_parent(parent)
-        }
 
     # --- operations --------------------------------------------------------------------------
 
@@ -914,16 +869,13 @@ class DifferentialHarness:
     async def _reconcile_fault(self, fault: FaultKind) -> float:
         """Reconcile sleeps or raises while writes land; the store must not care, and every parent
         must be reconciled with its final members once the fault is gone."""
-        if fault is FaultKind.RECONCILE_SLOW:
-            self._reconcile_delay = 0.5
-        else:
-            self._reconcile_raises = True
+        slow = fault is FaultKind.RECONCILE_SLOW
+        await self._our_side().reconcile_fault(delay=0.5 if slow else 0.0, raises=not slow)
         try:
             await self._ops_during_fault(_IN_FAULT_OPS)
             await asyncio.sleep(1.5)
         finally:
-            self._reconcile_delay = 0.0
-            self._reconcile_raises = False
+            await self._our_side().reconcile_fault(delay=0.0, raises=False)
         return time.monotonic()
 
 
@@ -950,11 +902,6 @@ async def _accepts(address: tuple[str, int]) -> bool:
         return False
     writer.close()
     return True
-
-
-def _row(pod: Pod, parent: str) -> PodRow:
-    meta = pod.metadata
-    return PodRow(uid=meta.uid or "", resource_version=meta.resource_version or "", parent=parent)
 
 
 @contextlib.contextmanager
