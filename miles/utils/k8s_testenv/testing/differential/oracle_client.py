@@ -58,6 +58,30 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+async def end_process_group(process: asyncio.subprocess.Process, grace: float) -> None:
+    """Closes the child's stdin (it exits), then kills its process group if it lingers."""
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+    except TimeoutError:
+        pass
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), _EXIT_GRACE)
+
+
+def log_tail(path: Path, label: str) -> str:
+    """The last lines of a child's log, each prefixed with `label`."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
+    except OSError:
+        return f"  (no {label} at {path})"
+    return "\n".join(f"  {label}: {line}" for line in lines)
+
+
 def parse_snapshot(line: bytes) -> OracleSnapshot:
     try:
         raw: Any = json.loads(line)
@@ -173,19 +197,8 @@ class OracleProcess:
     async def aclose(self) -> None:
         """Closes stdin (the oracle exits), then kills its process group if it lingers."""
         process, self._process = self._process, None
-        if process is None:
-            return
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), self._exit_grace)
-        except TimeoutError:
-            pass
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), _EXIT_GRACE)
+        if process is not None:
+            await end_process_group(process, self._exit_grace)
 
     async def _reap(self) -> None:
         if self._process is not None:
@@ -193,8 +206,4 @@ class OracleProcess:
                 await asyncio.wait_for(self._process.wait(), 1.0)
 
     def _log_tail(self) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()[-_LOG_TAIL_LINES:]
-        except OSError:
-            return f"  (no oracle log at {self.log_path})"
-        return "\n".join(f"  oracle log: {line}" for line in lines)
+        return log_tail(self.log_path, "oracle log")

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
@@ -23,6 +22,7 @@ from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from miles.utils.k8s_testenv.client import api_client
+from miles.utils.k8s_testenv.testing.differential.oracle_client import end_process_group, log_tail
 from miles.utils.k8s_testenv.testing.differential.views import PodRow
 from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
@@ -349,23 +349,8 @@ class OurLoopProcess:
 
     async def aclose(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), _EXIT_GRACE)
-        except TimeoutError:
-            pass
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), _EXIT_GRACE)
+        if process is not None:
+            await end_process_group(process, _EXIT_GRACE)
 
     def _log_tail(self) -> str:
-        try:
-            lines = self._log_path.read_text(errors="replace").splitlines()[-20:]
-        except OSError:
-            return f"  (no log at {self._log_path})"
-        return "\n".join(f"  our loop's log: {line}" for line in lines)
+        return log_tail(self._log_path, "our loop's log")
