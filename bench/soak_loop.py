@@ -46,6 +46,7 @@ async def _run(settings: OurLoopSettings, args: argparse.Namespace) -> None:
             warmup=args.warmup,
             log_path=args.work_dir / "loop-resources.tsv",
             stored_pods=lambda: ours.stored_pods,
+            lists=lambda: ours.list_attempts,
             trace_allocations=not args.no_tracemalloc,
             title="the loop's own process",
             pod_kib=args.pod_kib,

@@ -5,7 +5,11 @@ counterpart: none (a pprof heap profile plays it).
 
 `rss_anon_mib` is RSS less mapped files (glibc's heap, pymalloc's arenas, thread stacks);
 `heap_used_mib` and `heap_free_mib` are glibc's `mallinfo2()` over all arenas (mmapped blocks
-counted as used); `tracemalloc_own_mib` is tracemalloc's own bookkeeping, itself on that heap.
+counted as used); `pymalloc_arenas_mib` and `pymalloc_used_mib` are Python's small-object
+allocator's arenas (mmapped, outside glibc's heap) and the bytes in use in them (NaN while
+tracemalloc traces: its hooks hide pymalloc from `sys._debugmallocstats`), and
+`anon_off_heap_mib` the anonymous RSS outside glibc's heap (pymalloc's arenas, stacks);
+`tracemalloc_own_mib` is tracemalloc's own bookkeeping, itself on that heap.
 
 Every sample goes to a TSV file as it is taken, so a run that is stopped early still leaves them.
 RSS is read before the tracemalloc snapshot, whose own transient memory would otherwise show in it.
@@ -20,6 +24,9 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import re
+import sys
+import tempfile
 import time
 import tracemalloc
 from collections import Counter
@@ -29,6 +36,8 @@ from pathlib import Path
 from types import TracebackType
 
 _MIB = 1024 * 1024
+_ARENA = 1024 * 1024
+"""pymalloc's arena size since Python 3.10."""
 _TOP = 10
 
 
@@ -40,6 +49,9 @@ class Sample:
     rss_less_pods_mib: float
     heap_used_mib: float
     heap_free_mib: float
+    anon_off_heap_mib: float
+    pymalloc_arenas_mib: float
+    pymalloc_used_mib: float
     fds: int
     tasks: int
     threads: int
@@ -48,6 +60,7 @@ class Sample:
     traced_mib: float
     tracemalloc_own_mib: float
     stored_pods: int
+    lists: int
 
 
 class _MallInfo2(ctypes.Structure):
@@ -87,6 +100,28 @@ def _heap_mib(libc: ctypes.CDLL | None) -> tuple[float, float]:
         return float("nan"), float("nan")
     info = libc.mallinfo2()
     return (info.uordblks + info.hblkhd) / _MIB, info.fordblks / _MIB
+
+
+def _pymalloc_mib() -> tuple[float, float]:
+    """pymalloc's arenas (1 MiB each, outside glibc's heap) and the bytes in their allocated
+    blocks, from `sys._debugmallocstats()`, which writes to file descriptor 2."""
+    with tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    pattern = r"^# (arenas allocated current|bytes in allocated blocks)\s*=\s*([\d,]+)"
+    found = dict(re.findall(pattern, text, re.MULTILINE))
+    if len(found) < 2:
+        return float("nan"), float("nan")
+    arenas = int(found["arenas allocated current"].replace(",", ""))
+    used = int(found["bytes in allocated blocks"].replace(",", ""))
+    return arenas * _ARENA / _MIB, used / _MIB
 
 
 def _os_threads() -> int:
@@ -130,6 +165,7 @@ class ResourceSampler:
         warmup: float,
         log_path: Path,
         stored_pods: Callable[[], int],
+        lists: Callable[[], int] = lambda: 0,
         trace_allocations: bool = True,
         title: str = "the soak process",
         pod_kib: float = 0.0,
@@ -141,6 +177,7 @@ class ResourceSampler:
         self._types_growth: list[str] = []
         self._trimmed: tuple[float, float] | None = None
         self._stored_pods = stored_pods
+        self._lists = lists
         self._period = period
         self._warmup = warmup
         self._log_path = log_path
@@ -192,6 +229,7 @@ class ResourceSampler:
         at = time.monotonic() - self._started
         rss, anon = _rss_mib(), _status_mib("RssAnon")
         used, free = _heap_mib(self._libc)
+        arenas, in_arenas = _pymalloc_mib()
         traced = tracemalloc.get_traced_memory()[0] / _MIB if self._trace else 0.0
         pods = self._stored_pods()
         sample = Sample(
@@ -201,6 +239,9 @@ class ResourceSampler:
             rss_less_pods_mib=round(rss - pods * self._pod_kib / 1024, 2),
             heap_used_mib=round(used, 2),
             heap_free_mib=round(free, 2),
+            anon_off_heap_mib=round(anon - used - free, 2),
+            pymalloc_arenas_mib=round(arenas, 2),
+            pymalloc_used_mib=round(in_arenas, 2),
             fds=len(os.listdir("/proc/self/fd")),
             tasks=len(asyncio.all_tasks()),
             threads=_os_threads(),
@@ -209,6 +250,7 @@ class ResourceSampler:
             traced_mib=round(traced, 2),
             tracemalloc_own_mib=round(tracemalloc.get_tracemalloc_memory() / _MIB, 2),
             stored_pods=pods,
+            lists=self._lists(),
         )
         if self._types_at_warmup is None and at >= self._warmup:
             self._types_at_warmup = _type_counts()

@@ -72,14 +72,17 @@ async def test_the_sampler_reports_the_heap_and_what_a_trim_gives_back(tmp_path:
         stored_pods=lambda: 10,
         title="this test",
         pod_kib=1024,
+        trace_allocations=False,
     )
     async with sampler:
         pass
     first = sampler.samples[0]
     assert math.isclose(first.rss_less_pods_mib, first.rss_mib - 10, abs_tol=0.02)
     assert first.heap_used_mib > 0
+    assert first.pymalloc_arenas_mib >= first.pymalloc_used_mib > 0
     assert first.rss_anon_mib <= first.rss_mib
     report = sampler.report()
     assert "resources of this test" in report
     assert "malloc_trim(0) at the end" in report
+    assert "tracemalloc: off" in report
     assert len((tmp_path / "resources.tsv").read_text().splitlines()) == 3

@@ -155,6 +155,10 @@ class OurLoop:
         loop = self._loop
         return sum(len(loop.get_by_parent(p)) for p in loop.parent_keys()) if loop else 0
 
+    @property
+    def list_attempts(self) -> int:
+        return self._api.list_attempts if self._api else 0
+
     async def views(self) -> OurViews:
         assert self._loop is not None
         assert self._api is not None
