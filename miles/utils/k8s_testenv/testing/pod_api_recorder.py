@@ -128,6 +128,7 @@ class RecordingPodApi:
             joined = PodListPage(
                 tuple(pod for part in self._pending for pod in part.pods), page.resource_version
             )
+            self._pending = []
             self.lists.append(joined)
             self.log.append(joined)
         return page
