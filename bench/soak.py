@@ -7,9 +7,11 @@ Run from the repository root::
     .venv/bin/python -m bench.soak --seconds 150 --seed 1     # a short one
     .venv/bin/python -m bench.soak --plan ci --seed 1         # the CI scenario, once
 
-It starts its own etcd, two kube-apiservers and KWOK (the pinned binaries are built first if
-missing), runs `miles.utils.k8s_testenv.testing.differential.harness` until the time is up (the
-step in flight is finished), and prints: operations applied, faults injected by kind, checkpoints
+It starts its own etcd, two kube-apiservers, KWOK and, where it can run, the real node for the
+kubelet churn (run it under `flock /tmp/miles-realnode-session.lock`; MILES_K8S_NODE=kwok leaves
+the node out; the pinned binaries are built first if missing), runs
+`miles.utils.k8s_testenv.testing.differential.harness` until the time is up (the step in flight is
+finished), and prints: where the pods ran, operations applied, faults injected by kind, checkpoints
 compared, divergences, relists, and the median and worst convergence time after each fault kind for
 ours and for client-go side by side, then the resources of the loop's own process
 (`bench/soak_loop.py`, so that the harness's writers, fresh LISTs and TLS-terminating fault
@@ -149,6 +151,8 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
         config=config,
         kwok=env.kwok,
         kwok_unavailable=env.kwok_unavailable,
+        real_node=env.real_node,
+        real_node_unavailable=env.real_node_unavailable,
         log=_say,
         ours=_ours(args, env.work_dir),
     )

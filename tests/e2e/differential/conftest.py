@@ -1,4 +1,5 @@
-"""Layer k8s_apiserver, differential part: a control plane and KWOK of the harness's own.
+"""Layer k8s_apiserver, differential part: a control plane, KWOK and (where it can run) the real
+node of the harness's own.
 
 `differential_env` is module-scoped: the harness stops etcd and restarts an apiserver, so it never
 shares the session's control plane. MILES_DIFF_SEED picks the seed (default 1).

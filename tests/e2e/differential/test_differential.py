@@ -1,11 +1,12 @@
 """Our reflector and store against client-go's, over a real control plane (issue 6).
 
 Layer: k8s_apiserver (differential). Every test owns a fresh namespace on the module's own control
-plane (etcd, a cached and a cache-less kube-apiserver, KWOK); both clients watch the cache-less one
-through a `TcpProxy` and an `HttpFaultProxy`. The scenario is seeded (MILES_DIFF_SEED, default 1)
-and bounded: it runs every operation and every fault once, with both clients listing by LIST and
-then both streaming their lists (WatchList), in about two to three and a half minutes each on two
-cores.
+plane (etcd, a cached and a cache-less kube-apiserver, KWOK, and the real node where it can run:
+each run prints which); both clients watch the cache-less one through a `TcpProxy` and an
+`HttpFaultProxy`. The scenario is seeded (MILES_DIFF_SEED, default 1) and bounded: it runs every
+operation and every fault once, the kubelet churn of engine pods on the real node included, with
+both clients listing by LIST and then both streaming their lists (WatchList), in about two to
+four minutes each on two cores.
 """
 
 from __future__ import annotations
@@ -26,8 +27,17 @@ from miles.utils.k8s_testenv.testing.differential.harness import (
     logs_to,
 )
 from miles.utils.k8s_testenv.testing.differential.oracle_client import process_gone
-from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, ci_plan
+from miles.utils.k8s_testenv.testing.differential.scenario import (
+    KUBELET_CHURN,
+    FaultKind,
+    OpKind,
+    ci_plan,
+)
 
+_AGREED_KUBELET_STATES = ("restarted-with-exit-code", "not-ready", "gone", "recreated-new-uid")
+"""The churn's states that last until the next write, so a checkpoint always settles on them;
+CrashLoopBackOff (at most 5 s here) and a terminating pod (its 3 s SIGTERM handler) are counted
+when a checkpoint caught them, not required."""
 _EVERY_REQUEST = 1_000_000
 """Enough for every request of a CI run: client-go with WatchList on asks for thousands of
 watch-list streams while every watch is rejected."""
@@ -52,6 +62,8 @@ def _harness(
         ),
         kwok=env.kwok,
         kwok_unavailable=env.kwok_unavailable,
+        real_node=env.real_node,
+        real_node_unavailable=env.real_node_unavailable,
         log=_to_terminal,
     )
 
@@ -76,7 +88,10 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
     (minus the parent-less pods our store evicts by design) and so does client-go's, and the
     compaction fault is a real 410 that makes both relist. Run with both clients listing by LIST,
     and with both streaming their lists (client-go's WatchListClient, its default since v0.35, and
-    our `streaming_list`); the proxy's log shows which protocol each spoke."""
+    our `streaming_list`); the proxy's log shows which protocol each spoke. On the real node the
+    engine pods' crashes, readiness flips, graceful deletes and recreations are among the steps,
+    and every view agrees on each state the kubelet wrote; without one they are skipped, saying
+    why."""
     plan = ci_plan(random.Random(differential_seed))
     with logs_to(tmp_path / "runtime.log"):
         async with _harness(
@@ -96,6 +111,13 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
         assert fault in injected or fault.value in stats.skipped, f"{fault} neither ran nor skipped"
     for op in OpKind:
         assert op in stats.ops or op.value in stats.skipped, f"{op} neither ran nor skipped"
+    if differential_env.real_node is not None:
+        assert set(stats.ops) >= KUBELET_CHURN, stats.report()
+        for state in _AGREED_KUBELET_STATES:
+            assert stats.kubelet[state] >= 1, f"no checkpoint agreed on {state}: {stats.report()}"
+    else:
+        for op in KUBELET_CHURN:
+            assert stats.skipped[op.value] == differential_env.real_node_unavailable
     if FaultKind.COMPACT_410 in injected:
         assert stats.our_relists[FaultKind.COMPACT_410] >= 1
         assert stats.oracle_relists[FaultKind.COMPACT_410] >= 1

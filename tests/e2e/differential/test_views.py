@@ -6,7 +6,24 @@ and the view, and expects the recorded deviation (parent-less pods are not in ou
 
 from __future__ import annotations
 
-from miles.utils.k8s_testenv.testing.differential.views import Comparison, PodRow
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from miles.utils.k8s_testenv.testing.differential.views import (
+    Comparison,
+    PodRow,
+    status_of_json,
+    status_of_pod,
+)
+from miles.utils.workers.reconcile.k8s_api import decode_pod_list
+
+RECORDED = json.loads(
+    (Path(__file__).parents[2] / "fast/utils/workers/reconcile/wire/printer_pods.json").read_text()
+)
+"""Pods recorded from a real apiserver, statuses written by the real node's kubelet among them."""
 
 A = PodRow(uid="uid-a-000000", resource_version="10", parent="cell-0")
 B = PodRow(uid="uid-b-000000", resource_version="11", parent="cell-1")
@@ -45,3 +62,28 @@ def test_a_reconcile_that_missed_a_move_is_a_divergence() -> None:
     assert comparison.ours_matches
     assert comparison.oracle_matches
     assert not comparison.reconciled_matches
+
+
+def test_a_status_our_store_misread_is_a_divergence_and_client_go_is_held_to_the_rest() -> None:
+    crash_looping = dataclasses.replace(A, status="Running ready=False; main r=2 waiting:X last=7")
+    misread = dataclasses.replace(crash_looping, status="Running ready=False; main r=2 none last=7")
+    truth = {"a": crash_looping}
+    comparison = Comparison(truth=truth, ours={"a": misread}, oracle={"a": A}, reconciled={})
+    assert comparison.oracle_matches
+    assert not comparison.ours_matches
+    line = next(line for line in comparison.describe().splitlines() if "none last=7" in line)
+    assert "!uid-a-00" in line
+
+
+@pytest.mark.parametrize(
+    "case", sorted(e["case"] for e in RECORDED["pods"] if e["writer"] == "kubelet")
+)
+def test_the_status_summary_of_our_decoded_pod_equals_the_one_of_its_json(case: str) -> None:
+    """Pods whose status a real kubelet wrote (running, crashed, crash-looping, terminating):
+    the summary the checkpoint compares reads the same from our `Pod` as from the LIST's JSON."""
+    raw = next(e["pod"] for e in RECORDED["pods"] if e["case"] == case)
+    body = json.dumps({"metadata": {"resourceVersion": "1"}, "items": [raw]}).encode()
+    page, rejects = decode_pod_list(body)
+    assert rejects == []
+    assert status_of_pod(page.pods[0]) == status_of_json(raw)
+    assert status_of_json(raw).startswith(f"{raw['status'].get('phase')} ready=")

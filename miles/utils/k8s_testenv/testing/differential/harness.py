@@ -17,6 +17,10 @@ raises `DivergenceError` with a table of every pod some view has wrong; a compar
 not be made (the oracle or the proxy died, the LIST kept failing) raises `HarnessAborted`. Neither
 is ever counted as a success.
 
+Where the plane runs the real node, the kubelet churn of engine pods on it (`kubelet_churn.py`:
+crashes, readiness flips, graceful deletes, recreations) is among the operations; elsewhere it is
+skipped, saying why.
+
 Every choice comes from one `random.Random(seed)` over the harness's own model of the pods it
 wrote, so a seed replays the same operations in the same order.
 """
@@ -49,7 +53,9 @@ from miles.utils.k8s_testenv.http_fault_proxy import (
     Respond,
 )
 from miles.utils.k8s_testenv.kwok import Kwok
+from miles.utils.k8s_testenv.real_node import RealNode
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
+from miles.utils.k8s_testenv.testing.differential.kubelet_churn import ChurnFailed, KubeletChurn
 from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleError, OracleProcess
 from miles.utils.k8s_testenv.testing.differential.ours import (
     PARENT_LABEL,
@@ -60,9 +66,21 @@ from miles.utils.k8s_testenv.testing.differential.ours import (
     OurViews,
     parent_of,
 )
-from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, Step, soak_step
+from miles.utils.k8s_testenv.testing.differential.scenario import (
+    KUBELET_CHURN,
+    FaultKind,
+    OpKind,
+    Step,
+    soak_step,
+)
 from miles.utils.k8s_testenv.testing.differential.stats import Convergence, Stats
-from miles.utils.k8s_testenv.testing.differential.views import Comparison, PodRow, View, view_of
+from miles.utils.k8s_testenv.testing.differential.views import (
+    Comparison,
+    PodRow,
+    View,
+    view_of,
+    view_of_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +89,9 @@ GEN_LABEL = "miles.diff/gen"
 SELECTOR = f"{SELECT_LABEL}=in"
 PROBE_CONDITION = "miles.diff/Probe"
 STAMP_CONDITION = "miles.diff/Stamp"
+UNSCHEDULED = "miles-diff-unscheduled"
+"""The scheduler name of the pods bound to no node: no scheduler serves it, so where the plane
+runs kube-scheduler (the real node) they stay Pending and unbound, as on a plane without one."""
 OUT_OF_RANGE_TIME = "0000-01-01T00:00:00Z"
 """Accepted by the apiserver (Go's `time.Time` holds year 0), out of range for Python's datetime."""
 
@@ -172,6 +193,8 @@ class DifferentialHarness:
         config: HarnessConfig,
         kwok: Kwok | None = None,
         kwok_unavailable: str | None = None,
+        real_node: RealNode | None = None,
+        real_node_unavailable: str | None = None,
         log: LogFn = print,
         ours: OursFactory = OurLoop,
     ) -> None:
@@ -187,6 +210,10 @@ class DifferentialHarness:
         self._work_dir = work_dir
         self._kwok = kwok
         self._kwok_unavailable = kwok_unavailable or "no KWOK node was given"
+        self._real_node = real_node
+        self._real_node_unavailable = real_node_unavailable or "no real node was given"
+        self._churn: KubeletChurn | None = None
+        self._agreed: View = {}
         self._log = log
         self._rng = random.Random(config.seed)
         self._model: dict[str, _ModelPod] = {}
@@ -240,6 +267,20 @@ class DifferentialHarness:
         writer_api = await self._stack.enter_async_context(api_client(self._writer_kubeconfig))
         self._core = client.CoreV1Api(writer_api)
         await self._core.create_namespace({"metadata": {"name": self.namespace}})
+        if self._real_node is not None:
+            self._churn = KubeletChurn(
+                core=self._core,
+                apps=client.AppsV1Api(writer_api),
+                namespace=self.namespace,
+                node=self._real_node,
+                rng=self._rng,
+                labels=lambda parent: {SELECT_LABEL: "in", PARENT_LABEL: parent},
+                parent_label=PARENT_LABEL,
+                checkpoint=self._agreed_checkpoint,
+                stats=self.stats,
+            )
+            self._stack.push_async_callback(self._churn.aclose)
+        self.stats.backend = self._backend()
         self._http_proxy = await self._stack.enter_async_context(
             HttpFaultProxy(
                 kubeconfig=self._target_kubeconfig,
@@ -284,6 +325,15 @@ class DifferentialHarness:
             f"ours streaming list={'on' if self.config.streaming_list else 'off'}; "
             f"logs in {self._work_dir}"
         )
+        self._log(f"differential: pods run on {self.stats.backend}")
+        if self._churn is None:
+            self._log(f"differential: kubelet churn skipped: {self._real_node_unavailable}")
+
+    def _backend(self) -> str:
+        kwok = f"KWOK node {self._kwok.node_name}" if self._kwok is not None else "no KWOK node"
+        if self._churn is None:
+            return f"{kwok} only (no real node: {self._real_node_unavailable})"
+        return f"{self._churn.backend} (kubelet churn) and {kwok}"
 
     @property
     def _target_kubeconfig(self) -> Path:
@@ -373,6 +423,7 @@ class DifferentialHarness:
                     elif matched_since[view] is None:
                         matched_since[view] = now
                 if comparison.all_match and comparison.truth == previous_truth:
+                    self._agreed = comparison.truth
                     break
                 previous_truth = comparison.truth
             if time.monotonic() > deadline:
@@ -391,6 +442,11 @@ class DifferentialHarness:
         if self._ours is None:
             raise HarnessAborted("the harness is not started")
         return self._ours
+
+    async def _agreed_checkpoint(self, what: str) -> View:
+        """A checkpoint; returns the fresh LIST every view agreed with."""
+        await self.checkpoint(what)
+        return self._agreed
 
     def _fail_checkpoint(self, what: str, last: Comparison | None, list_error: str) -> None:
         if last is None:
@@ -451,18 +507,7 @@ class DifferentialHarness:
             raise _ListFailed(f"fresh LIST failed: {type(err).__name__}: {err}") from err
         if status != 200:
             raise _ListFailed(f"fresh LIST answered HTTP {status}: {body}")
-        return view_of(
-            (
-                (
-                    item["metadata"]["name"],
-                    item["metadata"]["uid"],
-                    item["metadata"]["resourceVersion"],
-                    item["metadata"].get("labels") or {},
-                )
-                for item in body["items"]
-            ),
-            parent_of=parent_of,
-        )
+        return view_of_json(body["items"], parent_of=parent_of)
 
     def _relist_counts(self) -> tuple[int, int]:
         self.stats.our_lists = self._our_lists
@@ -490,6 +535,8 @@ class DifferentialHarness:
         if op is OpKind.DELETE_GRACEFUL and self._kwok is None:
             self.stats.skipped[op.value] = self._kwok_unavailable
             return None
+        if op in KUBELET_CHURN:
+            return await self._kubelet_churn(op)
         names = self._pick(op, rng.randint(1, 5))
         if not names:
             return None
@@ -497,6 +544,24 @@ class DifferentialHarness:
         if op is OpKind.DELETE_GRACEFUL:
             await self._wait_gone(names)
         return len(names)
+
+    async def _kubelet_churn(self, op: OpKind) -> int | None:
+        churn = self._churn
+        if churn is None:
+            if op.value not in self.stats.skipped:
+                self._log(f"differential: skipped {op.value}: {self._real_node_unavailable}")
+            self.stats.skipped[op.value] = self._real_node_unavailable
+            return None
+        step = {
+            OpKind.ENGINE_CRASH: churn.crash,
+            OpKind.ENGINE_GRACEFUL_DELETE: churn.graceful_delete,
+            OpKind.ENGINE_RECREATE: churn.recreate,
+            OpKind.ENGINE_READINESS: churn.flip_readiness,
+        }[op]
+        try:
+            return await step()
+        except ChurnFailed as err:
+            raise HarnessAborted(f"{op.value}: {err}") from err
 
     def _pick(self, op: OpKind, count: int) -> list[str]:
         def eligible(pod: _ModelPod) -> bool:
@@ -531,6 +596,8 @@ class DifferentialHarness:
         }
         if bound and self._kwok is not None:
             spec["nodeName"] = self._kwok.node_name
+        else:
+            spec["schedulerName"] = UNSCHEDULED
         labels = {
             SELECT_LABEL: "in" if selected else "out",
             PARENT_LABEL: pod.parent or "",

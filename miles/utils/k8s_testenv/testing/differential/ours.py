@@ -23,7 +23,7 @@ from typing import Any, Protocol, TextIO
 
 from miles.utils.k8s_testenv.client import api_client
 from miles.utils.k8s_testenv.testing.differential.oracle_client import end_process_group, log_tail
-from miles.utils.k8s_testenv.testing.differential.views import PodRow
+from miles.utils.k8s_testenv.testing.differential.views import PodRow, status_of_pod
 from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
@@ -83,7 +83,12 @@ class Ours(Protocol):
 
 def _row(pod: Pod, parent: str) -> PodRow:
     meta = pod.metadata
-    return PodRow(uid=meta.uid or "", resource_version=meta.resource_version or "", parent=parent)
+    return PodRow(
+        uid=meta.uid or "",
+        resource_version=meta.resource_version or "",
+        parent=parent,
+        status=status_of_pod(pod),
+    )
 
 
 class OurLoop:
@@ -192,11 +197,11 @@ class OurLoop:
 
 
 def _rows(view: Mapping[str, PodRow]) -> list[list[str | None]]:
-    return [[name, r.uid, r.resource_version, r.parent] for name, r in view.items()]
+    return [[name, r.uid, r.resource_version, r.parent, r.status] for name, r in view.items()]
 
 
 def _view(rows: Any) -> dict[str, PodRow]:
-    return {name: PodRow(uid, rv, parent) for name, uid, rv, parent in rows}
+    return {name: PodRow(uid, rv, parent, status) for name, uid, rv, parent, status in rows}
 
 
 async def serve(ours: Ours, reader: asyncio.StreamReader, out: TextIO) -> None:

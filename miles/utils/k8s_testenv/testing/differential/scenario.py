@@ -10,6 +10,7 @@ import enum
 import random
 
 _BULK_EVERY = 20
+_CHURN_SHARE = 0.1 / 0.75
 
 
 class OpKind(enum.StrEnum):
@@ -25,6 +26,21 @@ class OpKind(enum.StrEnum):
     DELETE_GRACEFUL = "graceful-delete"
     DELETE_NOW = "immediate-delete"
     BULK_CHURN = "bulk-churn"
+    ENGINE_CRASH = "engine-crash"
+    ENGINE_GRACEFUL_DELETE = "engine-graceful-delete"
+    ENGINE_RECREATE = "engine-recreate"
+    ENGINE_READINESS = "engine-readiness-flip"
+
+
+KUBELET_CHURN = frozenset(
+    (
+        OpKind.ENGINE_CRASH,
+        OpKind.ENGINE_GRACEFUL_DELETE,
+        OpKind.ENGINE_RECREATE,
+        OpKind.ENGINE_READINESS,
+    )
+)
+"""Operations only a real kubelet can carry out (`kubelet_churn.py`); skipped without one."""
 
 
 class FaultKind(enum.StrEnum):
@@ -69,12 +85,22 @@ def ci_plan(rng: random.Random, *, without: frozenset[str] = frozenset()) -> lis
 
 def soak_step(rng: random.Random, index: int, *, without: frozenset[str] = frozenset()) -> Step:
     """Step `index` of a soak: bulk churn every `_BULK_EVERY` steps, else a fault a quarter of
-    the time and an operation otherwise, never one named in `without`."""
+    the time, kubelet churn a tenth of it (its steps last seconds each), and another operation
+    otherwise, never one named in `without`."""
     if index % _BULK_EVERY == 0 and OpKind.BULK_CHURN.value not in without:
         return OpKind.BULK_CHURN
     faults = [kind for kind in FaultKind if kind.value not in without]
     if rng.random() < 0.25 and faults:
         return rng.choice(faults)
+    churn = sorted(kind for kind in KUBELET_CHURN if kind.value not in without)
+    if rng.random() < _CHURN_SHARE and churn:
+        return rng.choice(churn)
     return rng.choice(
-        [kind for kind in OpKind if kind is not OpKind.BULK_CHURN and kind.value not in without]
+        [
+            kind
+            for kind in OpKind
+            if kind is not OpKind.BULK_CHURN
+            and kind not in KUBELET_CHURN
+            and kind.value not in without
+        ]
     )

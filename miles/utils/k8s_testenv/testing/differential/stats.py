@@ -32,9 +32,14 @@ class Stats:
     our_relists: Counter[str] = field(default_factory=Counter)
     oracle_relists: Counter[str] = field(default_factory=Counter)
     convergence: dict[str, list[Convergence]] = field(default_factory=dict)
+    kubelet: Counter[str] = field(default_factory=Counter)
+    """Kubelet-written states of engine pods that ours, client-go and a fresh LIST agreed on."""
+    backend: str = "not started"
+    """Where the pods ran (the real node, KWOK), as the report's first line says."""
 
     def report(self) -> str:
         lines = [
+            f"pods ran on: {self.backend}",
             f"operations applied: {sum(self.ops.values())}  "
             + ", ".join(f"{k}={v}" for k, v in sorted(self.ops.items())),
             f"faults injected:    {sum(self.faults.values())}  "
@@ -60,6 +65,11 @@ class Stats:
             lines.append(
                 f"  {kind.value:<20} {len(samples):>3}  {ours:>13}  {go:>13}  {reconciled:>15}"
                 f"  {relists:>15}"
+            )
+        if self.kubelet:
+            lines.append(
+                "kubelet states agreed at checkpoints (engine pods on the real node): "
+                + ", ".join(f"{k}={v}" for k, v in sorted(self.kubelet.items()))
             )
         for what, reason in sorted(self.skipped.items()):
             lines.append(f"skipped {what}: {reason}")

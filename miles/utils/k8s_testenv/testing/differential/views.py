@@ -1,18 +1,25 @@
 """The views a checkpoint compares, what each is expected to equal, and a readable diff.
 
 Every view maps a pod name to its uid, resourceVersion and parent (the value of the parent label,
-or None when the pod has none). The fresh consistent LIST is the truth:
-- client-go's store must equal it exactly;
+or None when the pod has none); the fresh LIST and our store also carry a one-line summary of the
+status a kubelet writes (`status_summary`), which the oracle's snapshot does not report. The fresh
+consistent LIST is the truth:
+- client-go's store must equal it exactly, status aside (the same resourceVersion is the same
+  object);
 - our store must equal it minus the pods that have no parent, a deliberate deviation recorded in
   docs/reconcile-loop.md (`object_store.py`, `EnqueueRequestForOwner`): an object `key_map` cannot
-  attribute is evicted, where Go would cache it;
+  attribute is evicted, where Go would cache it; its status summary, read from our decoded `Pod`,
+  must equal the one read from the LIST's JSON;
 - what the last successful reconcile of each parent read must equal our store.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
+
+from miles.utils.workers.reconcile.k8s_types import ContainerState, Pod
 
 NOT_PRESENT = "-"
 
@@ -22,9 +29,12 @@ class PodRow:
     uid: str
     resource_version: str
     parent: str | None
+    status: str | None = None
+    """`status_summary` of the pod; None where the view cannot report it (client-go's)."""
 
     def cell(self) -> str:
-        return f"{self.uid[:8]} rv={self.resource_version} parent={self.parent}"
+        status = f" [{self.status}]" if self.status is not None else ""
+        return f"{self.uid[:8]} rv={self.resource_version} parent={self.parent}{status}"
 
 
 View = Mapping[str, PodRow]
@@ -33,6 +43,89 @@ View = Mapping[str, PodRow]
 def ours_expected(truth: View) -> dict[str, PodRow]:
     """The deliberate deviation, explicitly: pods without a parent are not in our store."""
     return {name: row for name, row in truth.items() if row.parent is not None}
+
+
+def without_status(view: View) -> dict[str, PodRow]:
+    return {name: replace(row, status=None) for name, row in view.items()}
+
+
+def status_summary(
+    *,
+    phase: str | None,
+    ready: str | None,
+    deleting: bool,
+    containers: Iterable[tuple[str | None, bool | None, int, str, int | None]],
+) -> str:
+    """`Running ready=True` (+ ` deleting`), then per container `name ready=… r=restarts state
+    last=exit code`: the fields a kubelet's crash, restart, probe and graceful delete change."""
+    head = f"{phase} ready={ready}" + (" deleting" if deleting else "")
+    return "; ".join(
+        [head]
+        + [
+            f"{name} ready={ok} r={restarts} {state} last={last}"
+            for name, ok, restarts, state, last in containers
+        ]
+    )
+
+
+def _state_of_json(state: Mapping[str, Any]) -> str:
+    if (waiting := state.get("waiting")) is not None:
+        return f"waiting:{waiting.get('reason')}"
+    if (terminated := state.get("terminated")) is not None:
+        return f"terminated:{terminated.get('exitCode')}"
+    return "running" if state.get("running") is not None else "none"
+
+
+def status_of_json(pod: Mapping[str, Any]) -> str:
+    """`status_summary` of a pod as the apiserver sent it (JSON)."""
+    status = pod.get("status") or {}
+    ready = next(
+        (c.get("status") for c in status.get("conditions") or () if c.get("type") == "Ready"), None
+    )
+    return status_summary(
+        phase=status.get("phase"),
+        ready=ready,
+        deleting=pod["metadata"].get("deletionTimestamp") is not None,
+        containers=(
+            (
+                c.get("name"),
+                c.get("ready"),
+                c.get("restartCount", 0),
+                _state_of_json(c.get("state") or {}),
+                ((c.get("lastState") or {}).get("terminated") or {}).get("exitCode"),
+            )
+            for c in status.get("containerStatuses") or ()
+        ),
+    )
+
+
+def _state_of(state: ContainerState) -> str:
+    if state.waiting is not None:
+        return f"waiting:{state.waiting.reason}"
+    if state.terminated is not None:
+        return f"terminated:{state.terminated.exit_code}"
+    return "running" if state.running is not None else "none"
+
+
+def status_of_pod(pod: Pod) -> str:
+    """`status_summary` of a pod as our store decoded it."""
+    status = pod.status
+    ready = next((c.status for c in status.conditions if c.type == "Ready"), None)
+    return status_summary(
+        phase=status.phase,
+        ready=ready,
+        deleting=pod.metadata.deletion_timestamp is not None,
+        containers=(
+            (
+                c.name,
+                c.ready,
+                c.restart_count,
+                _state_of(c.state),
+                c.last_state.terminated.exit_code if c.last_state.terminated else None,
+            )
+            for c in status.container_statuses
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -50,7 +143,7 @@ class Comparison:
 
     @property
     def oracle_matches(self) -> bool:
-        return dict(self.oracle) == dict(self.truth)
+        return dict(self.oracle) == without_status(self.truth)
 
     @property
     def reconciled_matches(self) -> bool:
@@ -71,7 +164,7 @@ class Comparison:
             expected={
                 "fresh LIST": self.truth,
                 "ours": ours_expected(self.truth),
-                "client-go": self.truth,
+                "client-go": without_status(self.truth),
                 "reconciled": self.ours,
             },
         )
@@ -112,4 +205,19 @@ def view_of(
     return {
         name: PodRow(uid=uid, resource_version=rv, parent=parent_of(labels))
         for name, uid, rv, labels in pods
+    }
+
+
+def view_of_json(
+    items: Iterable[Mapping[str, Any]], *, parent_of: Callable[[Mapping[str, str]], str | None]
+) -> dict[str, PodRow]:
+    """A view of a LIST's items, status summaries included."""
+    return {
+        item["metadata"]["name"]: PodRow(
+            uid=item["metadata"]["uid"],
+            resource_version=item["metadata"]["resourceVersion"],
+            parent=parent_of(item["metadata"].get("labels") or {}),
+            status=status_of_json(item),
+        )
+        for item in items
     }
