@@ -81,7 +81,7 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def _libc() -> ctypes.CDLL | None:
+def glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None:
         return None
@@ -93,7 +93,7 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-def _heap_mib(libc: ctypes.CDLL | None) -> tuple[float, float]:
+def heap_mib(libc: ctypes.CDLL | None) -> tuple[float, float]:
     """glibc's heap over all arenas: bytes in use (mmapped blocks included) and bytes free but
     kept; (nan, nan) without glibc 2.33's `mallinfo2`."""
     if libc is None:
@@ -102,7 +102,7 @@ def _heap_mib(libc: ctypes.CDLL | None) -> tuple[float, float]:
     return (info.uordblks + info.hblkhd) / _MIB, info.fordblks / _MIB
 
 
-def _pymalloc_mib() -> tuple[float, float]:
+def pymalloc_mib() -> tuple[float, float]:
     """pymalloc's arenas (1 MiB each, outside glibc's heap) and the bytes in their allocated
     blocks, from `sys._debugmallocstats()`, which writes to file descriptor 2."""
     with tempfile.TemporaryFile() as out:
@@ -128,15 +128,15 @@ def _os_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def _status_mib(field: str) -> float:
+def status_mib(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
 
-def _rss_mib() -> float:
-    return _status_mib("VmRSS")
+def rss_mib() -> float:
+    return status_mib("VmRSS")
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
@@ -172,7 +172,7 @@ class ResourceSampler:
     ) -> None:
         self._title = title
         self._pod_kib = pod_kib
-        self._libc = _libc()
+        self.glibc = glibc()
         self._types_at_warmup: Counter[str] | None = None
         self._types_growth: list[str] = []
         self._trimmed: tuple[float, float] | None = None
@@ -214,11 +214,11 @@ class ResourceSampler:
 
     def _trim(self) -> tuple[float, float] | None:
         """RSS before and after `malloc_trim(0)`: what glibc held free and now gives back."""
-        if self._libc is None:
+        if self.glibc is None:
             return None
-        before = _rss_mib()
-        self._libc.malloc_trim(0)
-        return before, _rss_mib()
+        before = rss_mib()
+        self.glibc.malloc_trim(0)
+        return before, rss_mib()
 
     async def _run(self) -> None:
         while True:
@@ -227,9 +227,9 @@ class ResourceSampler:
 
     def _take(self) -> None:
         at = time.monotonic() - self._started
-        rss, anon = _rss_mib(), _status_mib("RssAnon")
-        used, free = _heap_mib(self._libc)
-        arenas, in_arenas = _pymalloc_mib()
+        rss, anon = rss_mib(), status_mib("RssAnon")
+        used, free = heap_mib(self.glibc)
+        arenas, in_arenas = pymalloc_mib()
         traced = tracemalloc.get_traced_memory()[0] / _MIB if self._trace else 0.0
         pods = self._stored_pods()
         sample = Sample(
@@ -285,6 +285,8 @@ class ResourceSampler:
                 f"RSS against the pods stored: {per_pod / 3600 * 1024:+.1f} KiB per pod "
                 "(least-squares slope over the same samples; growth that tracks the pool is data)"
             )
+        if self._trace:
+            lines += _untraced(after)
         first, last = after[0] if after else self.samples[0], self.samples[-1]
         if first.stored_pods and last.stored_pods:
             lines.append(
@@ -331,6 +333,27 @@ class ResourceSampler:
                 f"{frame.filename}:{frame.lineno}"
             )
         return lines
+
+
+def _untraced(after: list[Sample]) -> list[str]:
+    """Live Python memory per stored pod, and the RSS growth tracemalloc does not see: what the
+    allocators hold beyond live objects, and native allocations of C libraries."""
+    lines = []
+    traced_per_pod = slope_per_hour([(float(s.stored_pods), s.traced_mib) for s in after])
+    if traced_per_pod is not None:
+        lines.append(
+            f"tracemalloc's traced bytes against the pods stored: "
+            f"{traced_per_pod / 3600 * 1024:+.1f} KiB per pod (live Python memory per pod)"
+        )
+    untraced = slope_per_hour(
+        [(s.at, s.rss_mib - s.traced_mib - s.tracemalloc_own_mib) for s in after]
+    )
+    if untraced is not None:
+        lines.append(
+            f"RSS less traced bytes and tracemalloc's own: {untraced:+.1f} MiB per hour "
+            "(held by the allocators beyond live objects, or allocated natively)"
+        )
+    return lines
 
 
 def _type_counts() -> Counter[str]:

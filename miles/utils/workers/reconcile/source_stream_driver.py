@@ -157,20 +157,7 @@ class SourceStreamDriver:
             await self.aclose()
 
     async def _pump(self, stream: AsyncIterator[SourceEvent]) -> None:
-        try:
-            first: object = await anext(stream)
-        except StopAsyncIteration:
-            self._fail("source stream ended before its ReplaceEvent")
-            return
-        self._note_event()
-        if not isinstance(first, ReplaceEvent):
-            self._fail(
-                f"source stream opened with {type(first).__name__} instead of a ReplaceEvent"
-                f" ({describe(first, _REPR_LIMIT)})"
-            )
-            return
-        if not self._apply(first):
-            self._fail("source stream's opening ReplaceEvent was rejected by the store")
+        if not await self._open(stream):
             return
         self._synced.set()
         self._enter(SourcePhase.WATCHING)
@@ -188,6 +175,26 @@ class SourceStreamDriver:
             if affected:
                 on_affected(affected)
         self._fail("source stream ended")
+
+    async def _open(self, stream: AsyncIterator[SourceEvent]) -> bool:
+        """Applies the stream's opening ReplaceEvent. Its own frame, so that the event is let go
+        once applied: held by `_pump` it lived as long as the stream, a stale copy of the pool."""
+        try:
+            first: object = await anext(stream)
+        except StopAsyncIteration:
+            self._fail("source stream ended before its ReplaceEvent")
+            return False
+        self._note_event()
+        if not isinstance(first, ReplaceEvent):
+            self._fail(
+                f"source stream opened with {type(first).__name__} instead of a ReplaceEvent"
+                f" ({describe(first, _REPR_LIMIT)})"
+            )
+            return False
+        if not self._apply(first):
+            self._fail("source stream's opening ReplaceEvent was rejected by the store")
+            return False
+        return True
 
     def _note_event(self) -> None:
         self._events += 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from collections.abc import Set as AbstractSet
 
@@ -309,3 +311,20 @@ async def test_an_opening_replace_event_the_store_rejects_does_not_sync(
     assert synced.done()
     assert "a" in h.store
     await h.stop()
+
+
+async def test_row_no_event_kept_an_object_the_store_replaced_is_freed() -> None:
+    """Row "Events not kept once applied": once the store has replaced an object of the opening
+    ReplaceEvent, nothing of the driver's keeps it (that event used to live as long as its stream,
+    a whole stale copy of the pool)."""
+    source = FakeSource()
+    harness = _Harness(source)
+    first = Pod("a", "cell-0")
+    gone = weakref.ref(first)
+    source.push(replace(first), upsert(Pod("a", "cell-0", version=1)))
+    del first
+    await settle()
+    gc.collect()
+    assert harness.store.get_by_parent("cell-0") == [Pod("a", "cell-0", version=1)]
+    assert gone() is None
+    await harness.stop()
