@@ -22,7 +22,12 @@ class StubOurs:
         self.forgotten = 0
 
     async def views(self) -> OurViews:
-        row = PodRow(uid=self.namespace, resource_version=str(self.forgotten), parent="cell-0")
+        row = PodRow(
+            uid=self.namespace,
+            resource_version=str(self.forgotten),
+            parent="cell-0",
+            status="Running ready=False; main ready=False r=2 waiting:CrashLoopBackOff last=7",
+        )
         return OurViews(
             store={"p-1": row},
             reconciled={"p-1": PodRow(row.uid, repr(self.fault), "cell-0+cell-1")},

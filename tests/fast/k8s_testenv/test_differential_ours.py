@@ -47,7 +47,8 @@ async def test_a_child_answers_views_faults_and_forgets_then_exits(tmp_path: Pat
         await ours.forget_recordings()
         views = await ours.views()
         assert ours.failure() is None
-    assert views.store == {"p-1": PodRow("ns-1", "1", "cell-0")}
+    crash_looping = "Running ready=False; main ready=False r=2 waiting:CrashLoopBackOff last=7"
+    assert views.store == {"p-1": PodRow("ns-1", "1", "cell-0", crash_looping)}
     assert views.reconciled == {"p-1": PodRow("ns-1", "(0.5, True)", "cell-0+cell-1")}
     assert views.lists == 7
     assert process_gone(pid)
