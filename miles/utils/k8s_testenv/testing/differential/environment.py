@@ -69,7 +69,9 @@ def differential_environment(
         return
     no_node = _real_node_unavailable(settings)
     node_addon = (
-        None if no_node is not None else RealNodeAddon(binaries=ensure_node_binaries(log=log))
+        None
+        if no_node is not None
+        else RealNodeAddon(binaries=ensure_node_binaries(settings=settings, log=log))
     )
     addons = [node_addon] if node_addon is not None else []
     with LocalControlPlane(
