@@ -19,10 +19,12 @@ which Python types grew in number since the warm-up.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import os
 import re
 import sys
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 _MIB = 1024 * 1024
 _ARENA = 1024 * 1024
@@ -264,42 +267,13 @@ class ResourceSampler:
             self._latest = snapshot
 
     def report(self) -> str:
-        after = [s for s in self.samples if s.at >= self._warmup]
-        lines = [
-            f"resources of {self._title} (pid {os.getpid()}), sampled every {self._period:.0f}s "
-            f"({len(self.samples)} samples, {self.samples[-1].at:.0f}s); growth per hour is a "
-            f"least-squares fit from {self._warmup:.0f}s on ({len(after)} samples)",
-            f"  {'what':<17} {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'per hour':>10}",
-        ]
-        for name in (f.name for f in fields(Sample) if f.name != "at"):
-            values = [float(getattr(s, name)) for s in self.samples]
-            slope = slope_per_hour([(s.at, float(getattr(s, name))) for s in after])
-            per_hour = "n/a" if slope is None else f"{slope:+.1f}"
-            lines.append(
-                f"  {name:<17} {values[0]:>10.1f} {values[-1]:>10.1f} {min(values):>10.1f} "
-                f"{max(values):>10.1f} {per_hour:>10}"
-            )
-        per_pod = slope_per_hour([(float(s.stored_pods), s.rss_mib) for s in after])
-        if per_pod is not None:
-            lines.append(
-                f"RSS against the pods stored: {per_pod / 3600 * 1024:+.1f} KiB per pod "
-                "(least-squares slope over the same samples; growth that tracks the pool is data)"
-            )
-        if self._trace:
-            lines += _untraced(after)
-        first, last = after[0] if after else self.samples[0], self.samples[-1]
-        if first.stored_pods and last.stored_pods:
-            lines.append(
-                f"RSS per stored pod: {first.rss_mib * 1024 / first.stored_pods:.0f} KiB at "
-                f"{first.at:.0f}s ({first.stored_pods} pods), "
-                f"{last.rss_mib * 1024 / last.stored_pods:.0f} KiB at {last.at:.0f}s "
-                f"({last.stored_pods} pods)"
-            )
-        if self._pod_kib:
-            lines.append(
-                f"rss_less_pods_mib is RSS minus {self._pod_kib:.1f} KiB per stored pod "
-                "(bench/apiserver.py's RSS per pod for ours)"
-            )
+        lines = summarize(
+            self.samples,
+            title=f"{self._title} (pid {os.getpid()})",
+            period=self._period,
+            warmup=self._warmup,
+            pod_kib=self._pod_kib,
+        )
         if self._trimmed is not None:
             rss_before, rss_after = self._trimmed
             lines.append(
@@ -335,6 +309,116 @@ class ResourceSampler:
         return lines
 
 
+def summarize(
+    samples: list[Sample], *, title: str, period: float, warmup: float, pod_kib: float
+) -> list[str]:
+    """The table of every column's first, last, min, max and growth per hour after `warmup`,
+    and RSS against the pods stored."""
+    after = [s for s in samples if s.at >= warmup]
+    lines = [
+        f"resources of {title}, sampled every {period:.0f}s "
+        f"({len(samples)} samples, {samples[-1].at:.0f}s); growth per hour is a "
+        f"least-squares fit from {warmup:.0f}s on ({len(after)} samples)",
+        f"  {'what':<17} {'first':>10} {'last':>10} {'min':>10} {'max':>10} {'per hour':>10}",
+    ]
+    for name in (f.name for f in fields(Sample) if f.name != "at"):
+        values = [float(getattr(s, name)) for s in samples]
+        slope = slope_per_hour([(s.at, float(getattr(s, name))) for s in after])
+        per_hour = "n/a" if slope is None else f"{slope:+.1f}"
+        lines.append(
+            f"  {name:<17} {values[0]:>10.1f} {values[-1]:>10.1f} {min(values):>10.1f} "
+            f"{max(values):>10.1f} {per_hour:>10}"
+        )
+    per_pod = slope_per_hour([(float(s.stored_pods), s.rss_mib) for s in after])
+    if per_pod is not None:
+        lines.append(
+            f"RSS against the pods stored: {per_pod / 3600 * 1024:+.1f} KiB per pod "
+            "(least-squares slope over the same samples; growth that tracks the pool is data)"
+        )
+    peak = list(itertools.accumulate((s.stored_pods for s in samples), max))[-len(after) :]
+    for pods, what in (
+        ([s.stored_pods for s in after], "the pods stored"),
+        (peak, "the most pods stored so far"),
+    ):
+        fit = pods_and_time_fit(after, pods)
+        if fit is not None:
+            lines.append(
+                f"RSS fitted to {what} and the time together: {fit[0]:+.1f} KiB per pod, "
+                f"{fit[1]:+.1f} MiB per hour (the growth the pool does not explain)"
+            )
+    if any(s.traced_mib > 0 for s in after):
+        lines += _untraced(after)
+    first, last = after[0] if after else samples[0], samples[-1]
+    if first.stored_pods and last.stored_pods:
+        lines.append(
+            f"RSS per stored pod: {first.rss_mib * 1024 / first.stored_pods:.0f} KiB at "
+            f"{first.at:.0f}s ({first.stored_pods} pods), "
+            f"{last.rss_mib * 1024 / last.stored_pods:.0f} KiB at {last.at:.0f}s "
+            f"({last.stored_pods} pods)"
+        )
+    if pod_kib:
+        lines.append(
+            f"rss_less_pods_mib is RSS minus {pod_kib:.1f} KiB per stored pod "
+            "(bench/apiserver.py's RSS per pod for ours)"
+        )
+    return lines
+
+
+def pods_and_time_fit(samples: list[Sample], counts: list[int]) -> tuple[float, float] | None:
+    """RSS as `a + b * counts + c * hours` by least squares (`counts` a pod count per sample):
+    (b in KiB per pod, c in MiB per hour), or None when the pods and the time do not vary
+    independently enough to tell them apart."""
+    if len(samples) < 4:
+        return None
+    n = len(samples)
+    pods = [float(count) for count in counts]
+    hours = [s.at / 3600 for s in samples]
+    rss = [s.rss_mib for s in samples]
+    mp, mh, mr = sum(pods) / n, sum(hours) / n, sum(rss) / n
+    spp = sum((p - mp) ** 2 for p in pods)
+    shh = sum((h - mh) ** 2 for h in hours)
+    sph = sum((p - mp) * (h - mh) for p, h in zip(pods, hours, strict=True))
+    spr = sum((p - mp) * (r - mr) for p, r in zip(pods, rss, strict=True))
+    shr = sum((h - mh) * (r - mr) for h, r in zip(hours, rss, strict=True))
+    det = spp * shh - sph**2
+    if spp == 0 or shh == 0 or det <= 1e-9 * spp * shh:
+        return None
+    per_pod = (spr * shh - shr * sph) / det
+    per_hour = (shr * spp - spr * sph) / det
+    return per_pod * 1024, per_hour
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """The samples of a TSV this sampler wrote (a column it did not write yet reads as NaN)."""
+    rows = path.read_text().splitlines()
+    header = rows[0].split("\t")
+    samples = []
+    for row in rows[1:]:
+        raw = dict(zip(header, row.split("\t"), strict=True))
+        values: dict[str, Any] = {}
+        for f in fields(Sample):
+            text = raw.get(f.name, "nan")
+            values[f.name] = int(float(text)) if f.type == "int" and text != "nan" else float(text)
+        samples.append(Sample(**values))
+    return samples
+
+
+def main() -> int:
+    """`python -m bench.soak_sampler FILE.tsv [--warmup S]`: the summary of a run's samples."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("tsv", type=Path)
+    parser.add_argument("--warmup", type=float, default=60.0)
+    parser.add_argument("--pod-kib", type=float, default=0.0)
+    args = parser.parse_args()
+    samples = read_samples(args.tsv)
+    period = samples[1].at - samples[0].at if len(samples) > 1 else 0.0
+    lines = summarize(
+        samples, title=str(args.tsv), period=period, warmup=args.warmup, pod_kib=args.pod_kib
+    )
+    print("\n".join(lines))
+    return 0
+
+
 def _untraced(after: list[Sample]) -> list[str]:
     """Live Python memory per stored pod, and the RSS growth tracemalloc does not see: what the
     allocators hold beyond live objects, and native allocations of C libraries."""
@@ -358,3 +442,7 @@ def _untraced(after: list[Sample]) -> list[str]:
 
 def _type_counts() -> Counter[str]:
     return Counter(type(o).__qualname__ for o in gc.get_objects())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

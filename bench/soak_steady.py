@@ -13,13 +13,16 @@ followed by a create under a new name); every `--relist-every` rounds the watch 
 the reflector relists. After each round, once the loop's store holds the round's last write, RSS,
 glibc's heap in use and free, pymalloc's arenas and their bytes in use and the Python objects are
 sampled; the report gives each one's first, peak and last value and its growth per 100 rounds
-after the warm-up. `--trim` calls `malloc_trim(0)` after each round (before the sample).
+after the warm-up. `--trim` calls `malloc_trim(0)` after each round (before the sample);
+`--reader` reads the whole store as JSON rows every 0.1 s, as the soak's harness asks the loop's
+process to.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import gc
 import json
@@ -106,6 +109,11 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=30, help="rounds left out of the fit")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every round")
+    parser.add_argument(
+        "--reader",
+        action="store_true",
+        help="read the whole store as JSON rows every 0.1 s, as the soak's harness does",
+    )
     return parser.parse_args()
 
 
@@ -170,6 +178,27 @@ def _burst(
     return created, last
 
 
+@contextlib.asynccontextmanager
+async def _reading(loop: ReconcileLoop, on: bool) -> AsyncIterator[None]:
+    async def read() -> None:
+        while True:
+            rows = [
+                [p.metadata.name, p.metadata.uid, p.metadata.resource_version, parent]
+                for parent in loop.parent_keys()
+                for p in loop.get_by_parent(parent)
+            ]
+            json.dumps(rows)
+            await asyncio.sleep(0.1)
+
+    task = asyncio.create_task(read()) if on else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 async def _run(args: argparse.Namespace) -> list[dict[str, float]]:
     rng = random.Random(args.seed)
     pods = {
@@ -191,7 +220,7 @@ async def _run(args: argparse.Namespace) -> list[dict[str, float]]:
     )
     samples = []
     created = args.pods
-    async with loop:
+    async with loop, _reading(loop, args.reader):
         await _caught_up(loop, api, None)
         samples.append(_sample(args.trim))
         for index in range(1, args.rounds + 1):
@@ -208,7 +237,8 @@ def _report(samples: list[dict[str, float]], args: argparse.Namespace) -> str:
     lines = [
         f"steady pool of {args.pods} pods over {args.parents} parents, {args.rounds} rounds of "
         f"{args.burst} frames, a relist every {args.relist_every} rounds"
-        + (", malloc_trim(0) after each" if args.trim else ""),
+        + (", malloc_trim(0) after each" if args.trim else "")
+        + (", the store read as JSON every 0.1 s" if args.reader else ""),
         f"  {'MiB (objects: count)':<22} {'synced':>10} {'peak':>10} {'last':>10} "
         f"{'per 100 rounds':>15} (fit from round {args.warmup})",
     ]

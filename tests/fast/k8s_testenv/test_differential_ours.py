@@ -4,11 +4,13 @@ cluster: a child serving a stub answers the harness's requests, and closing it l
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.soak_sampler import ResourceSampler
+from bench.soak_sampler import ResourceSampler, Sample, pods_and_time_fit, read_samples
 from miles.utils.k8s_testenv.testing.differential.oracle_client import process_gone
 from miles.utils.k8s_testenv.testing.differential.ours import (
     OurLoopError,
@@ -87,3 +89,27 @@ async def test_the_sampler_reports_the_heap_and_what_a_trim_gives_back(tmp_path:
     assert "malloc_trim(0) at the end" in report
     assert "tracemalloc: off" in report
     assert len((tmp_path / "resources.tsv").read_text().splitlines()) == 3
+
+
+def _sample(at: float, pods: int, rss: float) -> Sample:
+    values: dict[str, Any] = {f.name: 0 for f in fields(Sample)}
+    return Sample(**{**values, "at": at, "stored_pods": pods, "rss_mib": rss})
+
+
+def test_the_fit_tells_growth_per_pod_from_growth_per_hour() -> None:
+    pods = [100, 300, 200, 500, 400, 700, 600, 900]
+    samples = [_sample(600.0 * i, n, 50 + n * 20 / 1024 + 10 * i / 6) for i, n in enumerate(pods)]
+    fit = pods_and_time_fit(samples, pods)
+    assert fit is not None
+    assert math.isclose(fit[0], 20, rel_tol=1e-6)
+    assert math.isclose(fit[1], 10, rel_tol=1e-6)
+    assert pods_and_time_fit(samples, [10 * i for i in range(len(pods))]) is None
+
+
+def test_a_written_tsv_reads_back_as_its_samples(tmp_path: Path) -> None:
+    path = tmp_path / "resources.tsv"
+    written = [_sample(10.0 * i, i, 80.5 + i) for i in range(3)]
+    names = [f.name for f in fields(Sample)]
+    rows = ["\t".join(str(getattr(s, n)) for n in names) for s in written]
+    path.write_text("\n".join(["\t".join(names), *rows]) + "\n")
+    assert read_samples(path) == written
