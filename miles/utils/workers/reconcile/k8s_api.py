@@ -3,9 +3,10 @@
 ``KubernetesPodApi`` is the contract's protocol: ``list_pods`` and ``stream_pods``, nothing else,
 and the reflector works over any object offering those two. Two optional capabilities, found with
 ``isinstance``, let it do more: ``PagedPodApi`` (one page of a LIST, with a limit, a continue token
-or a resourceVersion: pagination and the cursor probe) and ``StreamingListPodApi`` (a watch that
-first streams the current pods, ending at the ``k8s.io/initial-events-end`` bookmark).
-``KubernetesAsyncioPodApi`` offers both.
+or a resourceVersion: pagination and the cursor probe), ``PrefetchPagedPodApi`` (a page read now
+and decoded later, so the next one can be requested meanwhile) and ``StreamingListPodApi`` (a watch
+that first streams the current pods, ending at the ``k8s.io/initial-events-end`` bookmark).
+``KubernetesAsyncioPodApi`` offers all three.
 
 The only module that touches ``kubernetes_asyncio``, and only through the ``CoreV1Api`` object it is
 given: every call passes ``_preload_content=False``, so the client's own model deserializer (tens of
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,6 +47,7 @@ from miles.utils.workers.reconcile.k8s_wire import (
     iter_line_batches,
     iter_lines,
     parse_retry_after,
+    peek_continue_token,
 )
 
 __all__ = [
@@ -61,7 +63,9 @@ __all__ = [
     "PagedPodApi",
     "PodListPage",
     "PodWatchEvent",
+    "PrefetchPagedPodApi",
     "StreamingListPodApi",
+    "UndecodedPodPage",
     "decode_pod_list",
     "decode_watch_line",
     "exception_keeps_cursor",
@@ -119,6 +123,37 @@ class PagedPodApi(Protocol):
         ...
 
 
+class UndecodedPodPage(Protocol):
+    """A LIST page read but not yet decoded. ``continue_hint`` is its continue token when it could
+    be read without decoding the items (the apiserver writes ``metadata`` before ``items``), else
+    ``None``; ``decode()`` gives the page, whose ``continue_token`` is the authoritative one."""
+
+    @property
+    def continue_hint(self) -> str | None: ...
+
+    def decode(self) -> PodListPage: ...
+
+
+@runtime_checkable
+class PrefetchPagedPodApi(Protocol):
+    """Optional capability beside ``PagedPodApi``: read a page's bytes now, decode them later, so
+    a pager can request the next page while this one decodes."""
+
+    async def read_pod_page(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        limit: int,
+        continue_token: str | None = None,
+        on_response: Callable[[], object] | None = None,
+    ) -> UndecodedPodPage:
+        """As ``list_pod_page`` without a ``resource_version``, but the body is not decoded yet.
+        ``on_response`` is called once the server has begun to answer (its status read), before
+        the body is read."""
+        ...
+
+
 @runtime_checkable
 class StreamingListPodApi(Protocol):
     """Optional capability: a streaming list. Go: a watch with ``SendInitialEvents=true``,
@@ -134,8 +169,8 @@ class StreamingListPodApi(Protocol):
 
 
 class KubernetesAsyncioPodApi:
-    """``KubernetesPodApi``, ``PagedPodApi`` and ``StreamingListPodApi`` over a
-    ``kubernetes_asyncio`` ``CoreV1Api``.
+    """``KubernetesPodApi`` and its three capabilities over a ``kubernetes_asyncio``
+    ``CoreV1Api``.
 
     Every request carries a client-side deadline, because ``kubernetes_asyncio`` sends none by
     default and a half-open HTTP/1.1 socket then hangs forever: a watch that delivers no byte for
@@ -170,6 +205,43 @@ class KubernetesAsyncioPodApi:
         continue_token: str | None = None,
     ) -> PodListPage:
         """A consistent LIST by default; the other arguments are ``list_pod_page``'s."""
+        body = await self._read_list(
+            namespace,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            limit=limit,
+            continue_token=continue_token,
+        )
+        return _UndecodedPage(body).decode()
+
+    async def read_pod_page(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        limit: int,
+        continue_token: str | None = None,
+        on_response: Callable[[], object] | None = None,
+    ) -> UndecodedPodPage:
+        body = await self._read_list(
+            namespace,
+            label_selector=label_selector,
+            limit=limit,
+            continue_token=continue_token,
+            on_response=on_response,
+        )
+        return _UndecodedPage(body)
+
+    async def _read_list(
+        self,
+        namespace: str,
+        *,
+        label_selector: str,
+        resource_version: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        on_response: Callable[[], object] | None = None,
+    ) -> bytes:
         import aiohttp
 
         timeout = aiohttp.ClientTimeout(
@@ -194,18 +266,12 @@ class KubernetesAsyncioPodApi:
             )
             try:
                 await _raise_for_status(resp)
-                body = await resp.read()
+                if on_response is not None:
+                    on_response()
+                body: bytes = await resp.read()
             finally:
                 resp.release()
-        page, rejects = decode_pod_list(body)
-        for reject in rejects:
-            logger.error(
-                "pod left out of LIST: pod=%s resourceVersion=%s reason=%s",
-                reject.name,
-                reject.resource_version,
-                reject.reason,
-            )
-        return page
+        return body
 
     async def list_pod_page(
         self,
@@ -281,6 +347,23 @@ class KubernetesAsyncioPodApi:
                         raise failure
             finally:
                 resp.close()
+
+
+class _UndecodedPage:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.continue_hint = peek_continue_token(body)
+
+    def decode(self) -> PodListPage:
+        page, rejects = decode_pod_list(self._body)
+        for reject in rejects:
+            logger.error(
+                "pod left out of LIST: pod=%s resourceVersion=%s reason=%s",
+                reject.name,
+                reject.resource_version,
+                reject.reason,
+            )
+        return page
 
 
 @contextmanager

@@ -7,14 +7,34 @@ compacted away: 410, or a Status reason Expired) restarts the paged LIST from it
 second expiry in a row falls back to one unpaged LIST, which has no token to lose. Go's
 ``FullListIfExpired`` falls back at the first expiry; restarting once first keeps the one-page
 memory bound when the expiry was a single slow read.
+
+With a ``PrefetchPagedPodApi``, page n+1 is requested as soon as page n's bytes are in (its
+continue token is read from the bytes before its items), so the apiserver serves it while page n
+decodes; never more than that one page is requested ahead, and a LIST that fails or is cancelled
+cancels it. Go's pager reads its pages one after another, as ours does over a plain ``PagedPodApi``.
+
+The cyclic garbage collector stays paused for the whole LIST (``gc_pause.COLLECTOR``), and a LIST
+that succeeded freezes what it built (``gc.freeze()``) before the pause ends: the listed pods are
+long-lived and acyclic, so no later collection needs to walk them. See ``docs/reconcile-loop.md``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from miles.utils.workers.reconcile.k8s_api import PagedPodApi
+from miles.utils.workers.reconcile.gc_pause import COLLECTOR
+from miles.utils.workers.reconcile.k8s_api import (
+    PagedPodApi,
+    PrefetchPagedPodApi,
+    UndecodedPodPage,
+)
 from miles.utils.workers.reconcile.k8s_wire import (
     PodListPage,
     exception_rejects_cursor,
@@ -43,8 +63,28 @@ async def list_in_pages(
     page_size: int = LIST_PAGE_SIZE,
 ) -> PodListPage:
     """Every pod of one consistent LIST as one page; raises what the LIST raised otherwise."""
+    with COLLECTOR.held():
+        page = await _list(
+            api, namespace=namespace, label_selector=label_selector, log=log, page_size=page_size
+        )
+        gc.freeze()
+    return page
+
+
+async def _list(
+    api: PagedPodApi,
+    *,
+    namespace: str,
+    label_selector: str,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    page_size: int,
+) -> PodListPage:
     for attempt in range(1, PAGED_ATTEMPTS + 1):
         try:
+            if isinstance(api, PrefetchPagedPodApi):
+                return await _prefetched(
+                    api, namespace=namespace, label_selector=label_selector, page_size=page_size
+                )
             return await _paged(
                 api, namespace=namespace, label_selector=label_selector, page_size=page_size
             )
@@ -71,14 +111,91 @@ async def _paged(
         pods.extend(page.pods)
         if not page.continue_token:
             return PodListPage(tuple(pods), page.resource_version)
-        try:
+        with _continuation(len(pods)):
             page = await api.list_pod_page(
                 namespace=namespace,
                 label_selector=label_selector,
                 limit=page_size,
                 continue_token=page.continue_token,
             )
-        except Exception as err:
-            if not exception_rejects_cursor(err):
-                raise
-            raise _ContinueExpired(len(pods), err) from err
+
+
+async def _prefetched(
+    api: PrefetchPagedPodApi, *, namespace: str, label_selector: str, page_size: int
+) -> PodListPage:
+    def read(token: str) -> _Ahead:
+        answering = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            api.read_pod_page(
+                namespace=namespace,
+                label_selector=label_selector,
+                limit=page_size,
+                continue_token=token,
+                on_response=partial(_resolve, answering),
+            )
+        )
+        return _Ahead(task, answering)
+
+    pods: list[Any] = []
+    undecoded = await api.read_pod_page(
+        namespace=namespace, label_selector=label_selector, limit=page_size
+    )
+    ahead: _Ahead | None = None
+    try:
+        while True:
+            hint = undecoded.continue_hint
+            if hint:
+                ahead = read(hint)
+                await ahead.answering_or_done()
+            page = undecoded.decode()
+            del undecoded
+            pods.extend(page.pods)
+            if not page.continue_token:
+                return PodListPage(tuple(pods), page.resource_version)
+            if ahead is None or hint != page.continue_token:
+                if ahead is not None:
+                    await ahead.discard()
+                ahead = read(page.continue_token)
+            with _continuation(len(pods)):
+                undecoded = await ahead.task
+            ahead = None
+    finally:
+        if ahead is not None:
+            await ahead.discard()
+
+
+@contextmanager
+def _continuation(pods_read: int) -> Iterator[None]:
+    """A continuation that failed because its token is dead raises ``_ContinueExpired``."""
+    try:
+        yield
+    except Exception as err:
+        if not exception_rejects_cursor(err):
+            raise
+        raise _ContinueExpired(pods_read, err) from err
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """The next page, requested while this one decodes."""
+
+    task: asyncio.Task[UndecodedPodPage]
+    answering: asyncio.Future[None]
+
+    async def answering_or_done(self) -> None:
+        """Until the server answers (so the request is out before a decode holds the loop), or the
+        read has ended."""
+        either: set[asyncio.Future[Any]] = {self.task, self.answering}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+
+    async def discard(self) -> None:
+        """Cancels the read and waits until it has stopped; its outcome is not wanted."""
+        self.task.cancel()
+        await asyncio.wait({self.task})
+        if not self.task.cancelled():
+            self.task.exception()

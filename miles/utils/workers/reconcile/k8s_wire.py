@@ -8,11 +8,11 @@ Decoding is two functions, ``decode_pod_list`` and ``decode_watch_line``, plus `
 frame a byte stream. They raise only ``FrameDecodeError`` (a ``ValueError``), whatever the bytes:
 see its docstring for what a caller may rely on.
 
-``decode_pod_list`` pauses the cyclic garbage collector while it runs: validating a page builds
-hundreds of thousands of acyclic objects, each allocation counts toward a collection, and every
-generation-2 pass walks the whole growing heap (about 45% of a 10k-pod LIST's decode CPU, see
-``bench/apiserver.py``). The switch is process-global, but the decode is synchronous: no other
-coroutine runs while it is off, and it is restored before the function returns.
+``decode_pod_list`` pauses the cyclic garbage collector while it runs (``gc_pause.COLLECTOR``):
+validating a page builds hundreds of thousands of acyclic objects, each allocation counts toward a
+collection, and every generation-2 pass walks the whole growing heap (about 45% of a 10k-pod LIST's
+decode CPU, see ``bench/apiserver.py``). The pause is shared with ``k8s_pager``, which holds it
+across a whole paged LIST.
 
 Two rules classify a failed LIST or WATCH for the reflector, whoever raised it:
 ``exception_rejects_cursor`` (only a relist recovers; Go's ``isExpiredError`` and
@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import logging
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from miles.utils.workers.reconcile.gc_pause import COLLECTOR
 from miles.utils.workers.reconcile.k8s_types import FrameMetadata, Pod, WatchFrame
 
 logger = logging.getLogger(__name__)
@@ -293,6 +292,10 @@ class _ListMeta(_Envelope):
     continue_token: str | None = Field(default=None, alias="continue")
 
 
+class _ListHead(_Envelope):
+    metadata: _ListMeta = Field(default_factory=_ListMeta)
+
+
 class _PodList(_Envelope):
     metadata: _ListMeta = Field(default_factory=_ListMeta)
     items: list[Pod]
@@ -331,7 +334,7 @@ _FRAME: TypeAdapter[_PodFrame | _StatusFrame | _BookmarkFrame] = TypeAdapter(
 
 def decode_pod_list(body: bytes) -> tuple[PodListPage, list[FrameDecodeError]]:
     """A LIST body as a page, plus one error per item that is not a valid pod (left out)."""
-    with _collector_paused():
+    with COLLECTOR.held():
         try:
             page = _PodList.model_validate_json(body)
         except ValidationError:
@@ -339,15 +342,22 @@ def decode_pod_list(body: bytes) -> tuple[PodListPage, list[FrameDecodeError]]:
     return _page(page.items, page.metadata), []
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    was_enabled = gc.isenabled()
-    gc.disable()
+_ITEMS_KEY = b',"items":'
+_HEAD_BYTES = 64 * 2**10
+
+
+def peek_continue_token(body: bytes) -> str | None:
+    """The continue token of a LIST body read from what precedes its items, without decoding them;
+    ``None`` when there is none or the body does not begin ``{"kind":…,"metadata":{…},"items":``
+    as the apiserver writes it. ``decode_pod_list`` reads the authoritative one."""
+    end = body.find(_ITEMS_KEY, 0, _HEAD_BYTES)
+    if end == -1:
+        return None
     try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+        head = _ListHead.model_validate_json(body[:end] + b"}")
+    except ValidationError:
+        return None
+    return head.metadata.continue_token or None
 
 
 def _page(pods: list[Pod], meta: _ListMeta) -> PodListPage:
@@ -493,7 +503,7 @@ def decode_watch_lines(lines: list[bytes]) -> tuple[list[PodWatchEvent], FrameDe
     returned beside the events before it. A streaming list's initial events arrive many to a read,
     and decoded one by one with the collector on they cost about four times as much CPU."""
     events: list[PodWatchEvent] = []
-    with _collector_paused():
+    with COLLECTOR.held():
         for line in lines:
             try:
                 events.append(decode_watch_line(line))

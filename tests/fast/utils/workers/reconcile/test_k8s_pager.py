@@ -1,0 +1,255 @@
+"""Fast layer: ``list_in_pages`` over a ``PrefetchPagedPodApi`` (rows ``k8s_pager.py``): the next
+page is requested once this one's bytes are in and its server is answering before this one
+decodes, never more than one page ahead, and a LIST that fails or is cancelled cancels that read;
+the collector stays paused for the whole LIST, and what a LIST built is frozen."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from miles.utils.k8s_testenv.testing.k8s_fakes import list_body, pod, realistic_pod
+from miles.utils.workers.reconcile.gc_pause import COLLECTOR
+from miles.utils.workers.reconcile.k8s_api import (
+    FrameDecodeError,
+    KubernetesApiError,
+    PodListPage,
+    PrefetchPagedPodApi,
+)
+from miles.utils.workers.reconcile.k8s_pager import list_in_pages
+from miles.utils.workers.reconcile.k8s_wire import peek_continue_token
+
+LOG = logging.getLogger("test_k8s_pager")
+
+
+@pytest.fixture(autouse=True)
+def collector_on_and_unfrozen() -> Iterator[None]:
+    gc.enable()
+    yield
+    gc.unfreeze()
+    gc.enable()
+
+
+@dataclass
+class Read:
+    """One ``read_pod_page`` call: its token, and gates a test may hold shut."""
+
+    token: str | None
+    answer: asyncio.Event = field(default_factory=asyncio.Event)
+    body: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: bool = False
+
+
+@dataclass
+class Undecoded:
+    api: PrefetchApi
+    page: PodListPage | BaseException
+    continue_hint: str | None
+
+    def decode(self) -> PodListPage:
+        self.api.decoded.append((len(self.api.reads), gc.isenabled()))
+        if isinstance(self.page, BaseException):
+            raise self.page
+        return self.page
+
+
+@dataclass
+class PrefetchApi:
+    """Pages by token; a token in ``held`` is answered only once its ``Read.answer`` is set, one in
+    ``bodies_held`` answers at once and delivers its body once its ``Read.body`` is set. An
+    exception entry is raised by the read, a ``FrameDecodeError`` by the decode. ``decoded`` has,
+    per decode, how many reads had started and whether the collector was on."""
+
+    pages: dict[str | None, list[PodListPage | BaseException]]
+    hints: dict[str | None, str | None] = field(default_factory=dict)
+    held: set[str | None] = field(default_factory=set)
+    bodies_held: set[str | None] = field(default_factory=set)
+    reads: list[Read] = field(default_factory=list)
+    decoded: list[tuple[int, bool]] = field(default_factory=list)
+    collector_on_in_reads: list[bool] = field(default_factory=list)
+    read_started: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def list_pod_page(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        limit: int | None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> PodListPage:
+        undecoded = await self.read_pod_page(
+            namespace=namespace,
+            label_selector=label_selector,
+            limit=limit or 0,
+            continue_token=continue_token,
+        )
+        return undecoded.decode()
+
+    async def read_pod_page(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        limit: int,
+        continue_token: str | None = None,
+        on_response: Callable[[], object] | None = None,
+    ) -> Undecoded:
+        read = Read(continue_token)
+        self.reads.append(read)
+        self.read_started.set()
+        self.collector_on_in_reads.append(gc.isenabled())
+        try:
+            if continue_token in self.held:
+                await read.answer.wait()
+            entry = self.pages[continue_token].pop(0)
+            if isinstance(entry, BaseException) and not isinstance(entry, FrameDecodeError):
+                raise entry
+            if on_response is not None:
+                on_response()
+            if continue_token in self.bodies_held:
+                await read.body.wait()
+        except asyncio.CancelledError:
+            read.cancelled = True
+            raise
+        hint = self.hints.get(
+            continue_token, entry.continue_token if isinstance(entry, PodListPage) else None
+        )
+        return Undecoded(self, entry, hint)
+
+    async def started(self, reads: int) -> None:
+        while len(self.reads) < reads:
+            self.read_started.clear()
+            await self.read_started.wait()
+
+
+def pages(count: int, per_page: int = 2) -> dict[str | None, list[PodListPage | BaseException]]:
+    """``count`` pages chained by tokens ``t1``, ``t2``, ...; pods ``p0``, ``p1``, ..."""
+    chained: dict[str | None, list[PodListPage | BaseException]] = {}
+    for number in range(count):
+        token = f"t{number}" if number else None
+        following = f"t{number + 1}" if number + 1 < count else None
+        names = [f"p{number * per_page + i}" for i in range(per_page)]
+        chained[token] = [PodListPage(tuple(pod(n) for n in names), "77", following)]
+    return chained
+
+
+async def listed(api: PrefetchApi) -> PodListPage:
+    return await list_in_pages(api, namespace="ns", label_selector="", log=LOG)
+
+
+def names(page: PodListPage) -> list[str]:
+    return [p.metadata.name for p in page.pods]
+
+
+def test_the_fake_offers_the_prefetch_capability() -> None:
+    assert isinstance(PrefetchApi(pages={}), PrefetchPagedPodApi)
+
+
+async def test_the_next_page_is_requested_before_this_one_decodes_never_two_ahead() -> None:
+    api = PrefetchApi(pages(4))
+    page = await listed(api)
+    assert names(page) == [f"p{i}" for i in range(8)]
+    assert page.resource_version == "77"
+    assert [r.token for r in api.reads] == [None, "t1", "t2", "t3"]
+    # Page n decodes once n + 2 reads have started (itself and the next), the last with n + 1.
+    assert [started for started, _ in api.decoded] == [2, 3, 4, 4]
+
+
+async def test_a_page_decodes_only_once_the_next_pages_server_is_answering() -> None:
+    """So the request is on the wire before the decode holds the event loop."""
+    api = PrefetchApi(pages(2), held={"t1"})
+    task = asyncio.create_task(listed(api))
+    await api.started(2)
+    assert api.decoded == []
+    api.reads[1].answer.set()
+    assert names(await task) == ["p0", "p1", "p2", "p3"]
+    assert len(api.decoded) == 2
+
+
+async def test_the_collector_stays_paused_for_the_whole_list_and_comes_back_on() -> None:
+    api = PrefetchApi(pages(3))
+    await listed(api)
+    assert api.collector_on_in_reads == [False, False, False]
+    assert [on for _, on in api.decoded] == [False, False, False]
+    assert gc.isenabled()
+    assert COLLECTOR.holders == 0
+
+
+async def test_a_listed_page_is_frozen() -> None:
+    before = gc.get_freeze_count()
+    page = await listed(PrefetchApi(pages(2)))
+    assert gc.get_freeze_count() > before
+    assert len(page.pods) == 4
+
+
+async def test_a_page_that_does_not_decode_cancels_the_read_ahead() -> None:
+    chained = pages(3)
+    chained["t1"] = [FrameDecodeError("unreadable pod list")]
+    api = PrefetchApi(chained, hints={"t1": "t2"}, bodies_held={"t2"})
+    with pytest.raises(FrameDecodeError, match="unreadable pod list"):
+        await listed(api)
+    assert [(r.token, r.cancelled) for r in api.reads] == [
+        (None, False),
+        ("t1", False),
+        ("t2", True),
+    ]
+    assert gc.isenabled()
+    assert COLLECTOR.holders == 0
+
+
+async def test_a_cancelled_list_cancels_the_read_ahead_and_restores_the_collector() -> None:
+    api = PrefetchApi(pages(3), held={"t1"})
+    before = gc.get_freeze_count()
+    task = asyncio.create_task(listed(api))
+    await api.started(2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [(r.token, r.cancelled) for r in api.reads] == [(None, False), ("t1", True)]
+    assert gc.isenabled()
+    assert COLLECTOR.holders == 0
+    assert gc.get_freeze_count() == before
+
+
+async def test_a_hint_the_decoded_page_contradicts_is_dropped_for_the_decoded_token() -> None:
+    api = PrefetchApi({**pages(2), "stale": [PodListPage((), "1")]}, hints={None: "stale"})
+    page = await listed(api)
+    assert [r.token for r in api.reads] == [None, "stale", "t1"]
+    assert names(page) == ["p0", "p1", "p2", "p3"]
+
+
+async def test_a_page_without_a_hint_is_followed_after_its_decode() -> None:
+    api = PrefetchApi(pages(2), hints={None: None})
+    page = await listed(api)
+    assert [started for started, _ in api.decoded] == [1, 2]
+    assert names(page) == ["p0", "p1", "p2", "p3"]
+
+
+async def test_an_expired_continuation_read_ahead_restarts_the_list_from_page_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    chained = pages(2)
+    chained[None].append(chained[None][0])
+    chained["t1"].insert(0, KubernetesApiError(410, "Expired", "continue token expired"))
+    api = PrefetchApi(chained)
+    with caplog.at_level(logging.WARNING):
+        page = await listed(api)
+    assert [r.token for r in api.reads] == [None, "t1", None, "t1"]
+    assert names(page) == ["p0", "p1", "p2", "p3"]
+    assert "continue token expired after 2 pods" in caplog.text
+
+
+def test_the_continue_token_is_read_from_the_bytes_before_the_items() -> None:
+    body = list_body([realistic_pod("a")], "42", continue_token="tok/1+=")
+    assert body.startswith(b'{"kind": "PodList"') or body.startswith(b'{"kind":"PodList"')
+    assert peek_continue_token(body) == "tok/1+="
+    assert peek_continue_token(list_body([realistic_pod("a")], "42")) is None
+    assert peek_continue_token(b'{"items":[],"metadata":{"continue":"x"}}') is None
+    assert peek_continue_token(b'{"metadata":{"continue":') is None
+    assert peek_continue_token(b'{"kind":"PodList","metadata":{"continue":"x"},"items":[]}') == "x"
