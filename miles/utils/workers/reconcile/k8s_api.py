@@ -46,6 +46,7 @@ from miles.utils.workers.reconcile.k8s_wire import (
     exception_rejects_cursor,
     iter_line_batches,
     iter_lines,
+    list_head_complete,
     parse_retry_after,
     peek_continue_token,
 )
@@ -146,11 +147,12 @@ class PrefetchPagedPodApi(Protocol):
         label_selector: str,
         limit: int,
         continue_token: str | None = None,
-        on_response: Callable[[], object] | None = None,
+        on_head: Callable[[str | None], object] | None = None,
     ) -> UndecodedPodPage:
         """As ``list_pod_page`` without a ``resource_version``, but the body is not decoded yet.
-        ``on_response`` is called once the server has begun to answer (its status read), before
-        the body is read."""
+        ``on_head`` is called once the first bytes of the body are in, before the rest is read,
+        with the continue token read from them (``None`` when they do not give one); not at all
+        when the read fails before that."""
         ...
 
 
@@ -221,14 +223,14 @@ class KubernetesAsyncioPodApi:
         label_selector: str,
         limit: int,
         continue_token: str | None = None,
-        on_response: Callable[[], object] | None = None,
+        on_head: Callable[[str | None], object] | None = None,
     ) -> UndecodedPodPage:
         body = await self._read_list(
             namespace,
             label_selector=label_selector,
             limit=limit,
             continue_token=continue_token,
-            on_response=on_response,
+            on_head=on_head,
         )
         return _UndecodedPage(body)
 
@@ -240,7 +242,7 @@ class KubernetesAsyncioPodApi:
         resource_version: str | None = None,
         limit: int | None = None,
         continue_token: str | None = None,
-        on_response: Callable[[], object] | None = None,
+        on_head: Callable[[str | None], object] | None = None,
     ) -> bytes:
         import aiohttp
 
@@ -266,9 +268,10 @@ class KubernetesAsyncioPodApi:
             )
             try:
                 await _raise_for_status(resp)
-                if on_response is not None:
-                    on_response()
-                body: bytes = await resp.read()
+                if on_head is None:
+                    body: bytes = await resp.read()
+                else:
+                    body = await _read_announcing_head(resp.content, on_head)
             finally:
                 resp.release()
         return body
@@ -347,6 +350,22 @@ class KubernetesAsyncioPodApi:
                         raise failure
             finally:
                 resp.close()
+
+
+async def _read_announcing_head(content: Any, on_head: Callable[[str | None], object]) -> bytes:
+    chunks: list[bytes] = []
+    announced = False
+    while chunk := await content.readany():
+        chunks.append(chunk)
+        if not announced:
+            head = b"".join(chunks)
+            if list_head_complete(head):
+                announced = True
+                on_head(peek_continue_token(head))
+    body = b"".join(chunks)
+    if not announced:
+        on_head(peek_continue_token(body))
+    return body
 
 
 class _UndecodedPage:

@@ -8,10 +8,10 @@ second expiry in a row falls back to one unpaged LIST, which has no token to los
 ``FullListIfExpired`` falls back at the first expiry; restarting once first keeps the one-page
 memory bound when the expiry was a single slow read.
 
-With a ``PrefetchPagedPodApi``, page n+1 is requested as soon as page n's bytes are in (its
+With a ``PrefetchPagedPodApi``, page n+1 is requested as soon as page n's first bytes are in (its
 continue token is read from the bytes before its items), so the apiserver serves it while page n
-decodes; never more than that one page is requested ahead, and a LIST that fails or is cancelled
-cancels it. Go's pager reads its pages one after another, as ours does over a plain ``PagedPodApi``.
+still streams and decodes; page n+2 is requested only after page n has decoded, so at most one
+page is read ahead, and a LIST that fails or is cancelled cancels it. Go's pager reads its pages one after another, as ours does over a plain ``PagedPodApi``.
 
 The cyclic garbage collector stays paused for the whole LIST (``gc_pause.COLLECTOR``), and a LIST
 that succeeded freezes what it built (``gc.freeze()``) before the pause ends: the listed pods are
@@ -24,7 +24,7 @@ import asyncio
 import gc
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -123,30 +123,29 @@ async def _paged(
 async def _prefetched(
     api: PrefetchPagedPodApi, *, namespace: str, label_selector: str, page_size: int
 ) -> PodListPage:
-    def read(token: str) -> _Ahead:
-        answering = asyncio.get_running_loop().create_future()
+    def read(token: str | None) -> _Read:
+        head: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(
             api.read_pod_page(
                 namespace=namespace,
                 label_selector=label_selector,
                 limit=page_size,
                 continue_token=token,
-                on_response=partial(_resolve, answering),
+                on_head=partial(_resolve, head),
             )
         )
-        return _Ahead(task, answering)
+        return _Read(token, task, head)
 
     pods: list[Any] = []
-    undecoded = await api.read_pod_page(
-        namespace=namespace, label_selector=label_selector, limit=page_size
-    )
-    ahead: _Ahead | None = None
+    current, ahead = read(None), None
     try:
         while True:
-            hint = undecoded.continue_hint
-            if hint:
-                ahead = read(hint)
-                await ahead.answering_or_done()
+            hint = await current.head_or_none()
+            ahead = read(hint) if hint else None
+            with _continuation(len(pods)) if current.token else nullcontext():
+                undecoded = await current.task
+            if ahead is not None:
+                await ahead.head_or_none()
             page = undecoded.decode()
             del undecoded
             pods.extend(page.pods)
@@ -156,12 +155,11 @@ async def _prefetched(
                 if ahead is not None:
                     await ahead.discard()
                 ahead = read(page.continue_token)
-            with _continuation(len(pods)):
-                undecoded = await ahead.task
-            ahead = None
+            current, ahead = ahead, None
     finally:
-        if ahead is not None:
-            await ahead.discard()
+        for unfinished in (current, ahead):
+            if unfinished is not None:
+                await unfinished.discard()
 
 
 @contextmanager
@@ -175,23 +173,25 @@ def _continuation(pods_read: int) -> Iterator[None]:
         raise _ContinueExpired(pods_read, err) from err
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def _resolve(future: asyncio.Future[str | None], hint: str | None) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(hint)
 
 
 @dataclass(frozen=True)
-class _Ahead:
-    """The next page, requested while this one decodes."""
+class _Read:
+    """One page being read: its continue token, and its own token once the head is in."""
 
+    token: str | None
     task: asyncio.Task[UndecodedPodPage]
-    answering: asyncio.Future[None]
+    head: asyncio.Future[str | None]
 
-    async def answering_or_done(self) -> None:
-        """Until the server answers (so the request is out before a decode holds the loop), or the
-        read has ended."""
-        either: set[asyncio.Future[Any]] = {self.task, self.answering}
+    async def head_or_none(self) -> str | None:
+        """The continue token read from the page's first bytes, once they are in (so its request
+        is on the wire and its server answering); ``None`` if the read ended without them."""
+        either: set[asyncio.Future[Any]] = {self.task, self.head}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        return self.head.result() if self.head.done() else None
 
     async def discard(self) -> None:
         """Cancels the read and waits until it has stopped; its outcome is not wanted."""

@@ -346,6 +346,12 @@ _ITEMS_KEY = b',"items":'
 _HEAD_BYTES = 64 * 2**10
 
 
+def list_head_complete(head: bytes) -> bool:
+    """Whether the first bytes of a LIST body suffice for ``peek_continue_token``: they reach the
+    items, or as far as it looks."""
+    return len(head) >= _HEAD_BYTES or head.find(_ITEMS_KEY) != -1
+
+
 def peek_continue_token(body: bytes) -> str | None:
     """The continue token of a LIST body read from what precedes its items, without decoding them;
     ``None`` when there is none or the body does not begin ``{"kind":…,"metadata":{…},"items":``

@@ -187,6 +187,40 @@ async def test_continue_page_sends_limit_and_token_and_reads_metadata_continue()
     ]
 
 
+async def test_a_page_read_announces_its_continue_token_before_the_rest_of_its_body() -> None:
+    """Row pager prefetch on the wire: ``read_pod_page``'s ``on_head`` has the token from the
+    body's first chunk while the rest is still unsent; the page then decodes whole."""
+    data = list_body([realistic_pod("a"), realistic_pod("b")], "42", continue_token="tok/2")
+    cut = data.index(b',"items":') + 20
+    rest_may_go = asyncio.Event()
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "application/json"
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(data[:cut])
+        await rest_may_go.wait()
+        await resp.write(data[cut:])
+        await resp.write_eof()
+        return resp
+
+    heads: list[str | None] = []
+
+    def on_head(hint: str | None) -> None:
+        heads.append(hint)
+        rest_may_go.set()
+
+    async with serving(Apiserver(lists=[respond])) as api:
+        undecoded = await api.read_pod_page(
+            namespace="ns", label_selector="", limit=500, on_head=on_head
+        )
+    page = undecoded.decode()
+    assert heads == ["tok/2"]
+    assert undecoded.continue_hint == "tok/2"
+    assert ([p.metadata.name for p in page.pods], page.continue_token) == (["a", "b"], "tok/2")
+
+
 async def test_reflector_lists_in_pages_of_500_over_the_wire() -> None:
     """Row ``ListPager`` on the wire: the reflector's first page carries ``limit=500`` and no
     resourceVersion, the next ``limit=500`` and the token; both pages reach one ReplaceEvent."""

@@ -60,8 +60,9 @@ class Undecoded:
 
 @dataclass
 class PrefetchApi:
-    """Pages by token; a token in ``held`` is answered only once its ``Read.answer`` is set, one in
-    ``bodies_held`` answers at once and delivers its body once its ``Read.body`` is set. An
+    """Pages by token; a token in ``held`` delivers its head (``on_head``) only once its
+    ``Read.answer`` is set, one in ``bodies_held`` delivers its head at once and its body once its
+    ``Read.body`` is set. The hint is ``hints[token]`` if given, else the page's own token. An
     exception entry is raised by the read, a ``FrameDecodeError`` by the decode. ``decoded`` has,
     per decode, how many reads had started and whether the collector was on."""
 
@@ -98,7 +99,7 @@ class PrefetchApi:
         label_selector: str,
         limit: int,
         continue_token: str | None = None,
-        on_response: Callable[[], object] | None = None,
+        on_head: Callable[[str | None], object] | None = None,
     ) -> Undecoded:
         read = Read(continue_token)
         self.reads.append(read)
@@ -110,16 +111,16 @@ class PrefetchApi:
             entry = self.pages[continue_token].pop(0)
             if isinstance(entry, BaseException) and not isinstance(entry, FrameDecodeError):
                 raise entry
-            if on_response is not None:
-                on_response()
+            hint = self.hints.get(
+                continue_token, entry.continue_token if isinstance(entry, PodListPage) else None
+            )
+            if on_head is not None:
+                on_head(hint)
             if continue_token in self.bodies_held:
                 await read.body.wait()
         except asyncio.CancelledError:
             read.cancelled = True
             raise
-        hint = self.hints.get(
-            continue_token, entry.continue_token if isinstance(entry, PodListPage) else None
-        )
         return Undecoded(self, entry, hint)
 
     async def started(self, reads: int) -> None:
@@ -159,6 +160,22 @@ async def test_the_next_page_is_requested_before_this_one_decodes_never_two_ahea
     assert [r.token for r in api.reads] == [None, "t1", "t2", "t3"]
     # Page n decodes once n + 2 reads have started (itself and the next), the last with n + 1.
     assert [started for started, _ in api.decoded] == [2, 3, 4, 4]
+
+
+async def test_the_next_page_is_requested_once_this_ones_head_is_in_before_its_body() -> None:
+    api = PrefetchApi(pages(4), bodies_held={None, "t1"})
+    task = asyncio.create_task(listed(api))
+    await api.started(2)
+    assert [r.token for r in api.reads] == [None, "t1"]
+    api.reads[0].body.set()
+    await api.started(3)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    # Page 1's body is still out: page 2 is requested, page 3 is not (one ahead at most).
+    assert [r.token for r in api.reads] == [None, "t1", "t2"]
+    assert len(api.decoded) == 1
+    api.reads[1].body.set()
+    assert len((await task).pods) == 8
 
 
 async def test_a_page_decodes_only_once_the_next_pages_server_is_answering() -> None:
