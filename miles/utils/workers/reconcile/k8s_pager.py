@@ -11,7 +11,8 @@ memory bound when the expiry was a single slow read.
 With a ``PrefetchPagedPodApi``, page n+1 is requested as soon as page n's first bytes are in (its
 continue token is read from the bytes before its items), so the apiserver serves it while page n
 still streams and decodes; page n+2 is requested only after page n has decoded, so at most one
-page is read ahead, and a LIST that fails or is cancelled cancels it. Go's pager reads its pages one after another, as ours does over a plain ``PagedPodApi``.
+page is read ahead, and a LIST that fails or is cancelled cancels it. Go's pager reads its pages
+one after another, as ours does over a plain ``PagedPodApi``.
 
 The cyclic garbage collector stays paused for the whole LIST (``gc_pause.COLLECTOR``), and a LIST
 that succeeded freezes what it built (``gc.freeze()``) before the pause ends: the listed pods are
