@@ -16,7 +16,9 @@ one after another, as ours does over a plain ``PagedPodApi``.
 
 The cyclic garbage collector stays paused for the whole LIST (``gc_pause.COLLECTOR``), and a LIST
 that succeeded freezes what it built (``gc.freeze()``) before the pause ends: the listed pods are
-long-lived and acyclic, so no later collection needs to walk them. See ``docs/reconcile-loop.md``.
+long-lived and acyclic, so no later collection needs to walk them. Then the C heap's free pages,
+the pages' bodies among them, go back to the system (``heap_trim``). See
+``docs/reconcile-loop.md``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from functools import partial
 from typing import Any
 
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
+from miles.utils.workers.reconcile.heap_trim import trim_free_heap
 from miles.utils.workers.reconcile.k8s_api import (
     PagedPodApi,
     PrefetchPagedPodApi,
@@ -69,6 +72,7 @@ async def list_in_pages(
             api, namespace=namespace, label_selector=label_selector, log=log, page_size=page_size
         )
         gc.freeze()
+    trim_free_heap()
     return page
 
 
