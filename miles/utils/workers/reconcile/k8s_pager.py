@@ -15,10 +15,10 @@ page is read ahead, and a LIST that fails or is cancelled cancels it. Go's pager
 one after another, as ours does over a plain ``PagedPodApi``.
 
 The cyclic garbage collector stays paused for the whole LIST (``gc_pause.COLLECTOR``), and a LIST
-that succeeded freezes what it built (``gc.freeze()``) before the pause ends: the listed pods are
-long-lived and acyclic, so no later collection needs to walk them. Then the C heap's free pages,
-the pages' bodies among them, go back to the system (``heap_trim``). See
-``docs/reconcile-loop.md``.
+that succeeded moves what it built into the oldest generation before the pause ends (``gc.freeze()``
+then ``gc.unfreeze()``, which walks nothing): the listed pods are long-lived, so only a full
+collection walks them. Then the C heap's free pages, the pages' bodies among them, go back to the
+system (``heap_trim``). See ``docs/reconcile-loop.md``.
 """
 
 from __future__ import annotations
@@ -71,9 +71,21 @@ async def list_in_pages(
         page = await _list(
             api, namespace=namespace, label_selector=label_selector, log=log, page_size=page_size
         )
-        gc.freeze()
+        _age_without_a_walk()
     trim_free_heap()
     return page
+
+
+def _age_without_a_walk() -> None:
+    """Move every object the collector tracks into its oldest generation, walking none: what the
+    LIST built would otherwise be walked by the next young collection, and by every collection
+    until it had survived two. A full collection still walks them, so nothing is held past it
+    (a ``gc.freeze()`` left in place would never collect what later becomes cyclic garbage). A
+    process that froze its own heap (before forking, say) is left as it is."""
+    if gc.get_freeze_count():
+        return
+    gc.freeze()
+    gc.unfreeze()
 
 
 async def _list(
