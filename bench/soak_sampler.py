@@ -368,24 +368,32 @@ def pods_and_time_fit(samples: list[Sample], counts: list[int]) -> tuple[float, 
     """RSS as `a + b * counts + c * hours` by least squares (`counts` a pod count per sample):
     (b in KiB per pod, c in MiB per hour), or None when the pods and the time do not vary
     independently enough to tell them apart."""
-    if len(samples) < 4:
+    fit = two_term_fit(
+        [float(count) for count in counts],
+        [s.at / 3600 for s in samples],
+        [s.rss_mib for s in samples],
+    )
+    return None if fit is None else (fit[0] * 1024, fit[1])
+
+
+def two_term_fit(
+    first: list[float], second: list[float], values: list[float]
+) -> tuple[float, float] | None:
+    """`values` as `a + b * first + c * second` by least squares: (b, c), or None under 4 points
+    or when `first` and `second` are (nearly) proportional."""
+    n = len(values)
+    if n < 4:
         return None
-    n = len(samples)
-    pods = [float(count) for count in counts]
-    hours = [s.at / 3600 for s in samples]
-    rss = [s.rss_mib for s in samples]
-    mp, mh, mr = sum(pods) / n, sum(hours) / n, sum(rss) / n
-    spp = sum((p - mp) ** 2 for p in pods)
-    shh = sum((h - mh) ** 2 for h in hours)
-    sph = sum((p - mp) * (h - mh) for p, h in zip(pods, hours, strict=True))
-    spr = sum((p - mp) * (r - mr) for p, r in zip(pods, rss, strict=True))
-    shr = sum((h - mh) * (r - mr) for h, r in zip(hours, rss, strict=True))
-    det = spp * shh - sph**2
-    if spp == 0 or shh == 0 or det <= 1e-9 * spp * shh:
+    m1, m2, mv = sum(first) / n, sum(second) / n, sum(values) / n
+    s11 = sum((x - m1) ** 2 for x in first)
+    s22 = sum((y - m2) ** 2 for y in second)
+    s12 = sum((x - m1) * (y - m2) for x, y in zip(first, second, strict=True))
+    s1v = sum((x - m1) * (v - mv) for x, v in zip(first, values, strict=True))
+    s2v = sum((y - m2) * (v - mv) for y, v in zip(second, values, strict=True))
+    det = s11 * s22 - s12**2
+    if s11 == 0 or s22 == 0 or det <= 1e-9 * s11 * s22:
         return None
-    per_pod = (spr * shh - shr * sph) / det
-    per_hour = (shr * spp - spr * sph) / det
-    return per_pod * 1024, per_hour
+    return (s1v * s22 - s2v * s12) / det, (s2v * s11 - s1v * s12) / det
 
 
 def read_samples(path: Path) -> list[Sample]:

@@ -10,7 +10,8 @@ Go counterpart: none. What the soak cannot show, since its pool grows by design:
 loop, fed by an in-memory API (no HTTP, no harness in the process). Each round writes a burst of
 watch frames that keeps the pool's size (label updates, moves between parents, deletes each
 followed by a create under a new name); every `--relist-every` rounds the watch ends with a 410 and
-the reflector relists. After each round, once the loop's store holds the round's last write, RSS,
+the reflector relists; `--grow N` adds N pods a round, for a pool that grows as the soak's does.
+After each round, once the loop's store holds the round's last write, RSS,
 glibc's heap in use and free, pymalloc's arenas and their bytes in use and the Python objects are
 sampled; the report gives each one's first, peak and last value and its growth per 100 rounds
 after the warm-up. `--trim` calls `malloc_trim(0)` after each round (before the sample);
@@ -31,7 +32,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bench.soak_sampler import glibc, heap_mib, pymalloc_mib, rss_mib, status_mib
+from bench.soak_sampler import glibc, heap_mib, pymalloc_mib, rss_mib, status_mib, two_term_fit
 from miles.utils.k8s_testenv.testing.k8s_fakes import realistic_pod
 from miles.utils.workers.reconcile.k8s_api import PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
@@ -40,7 +41,7 @@ from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 _LABEL = "miles.io/cell"
 _GONE = {"kind": "Status", "apiVersion": "v1", "code": 410, "reason": "Expired", "message": "gone"}
-_COLUMNS = ("rss", "anon", "heap_used", "heap_free", "arenas", "in_arenas", "objects")
+_COLUMNS = ("rss", "anon", "heap_used", "heap_free", "arenas", "in_arenas", "objects", "pods")
 
 
 class SteadyApi:
@@ -106,6 +107,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--burst", type=int, default=400, help="frames per round")
     parser.add_argument("--relist-every", type=int, default=5)
+    parser.add_argument(
+        "--grow", type=int, default=0, help="pods created on top of each burst (a growing pool)"
+    )
     parser.add_argument("--warmup", type=int, default=30, help="rounds left out of the fit")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) after every round")
@@ -117,7 +121,7 @@ def _arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _sample(trim: bool) -> dict[str, float]:
+def _sample(trim: bool, pods: int) -> dict[str, float]:
     libc = glibc()
     if trim and libc is not None:
         libc.malloc_trim(0)
@@ -131,6 +135,7 @@ def _sample(trim: bool) -> dict[str, float]:
         "arenas": arenas,
         "in_arenas": in_arenas,
         "objects": float(len(gc.get_objects())),
+        "pods": float(pods),
     }
 
 
@@ -175,6 +180,10 @@ def _burst(
             pod = realistic_pod(name, f"cell-{rng.randrange(args.parents)}")
             api.write("ADDED", pod)
         last = name
+    for _ in range(args.grow):
+        created += 1
+        last = f"pod-{created:07d}"
+        api.write("ADDED", realistic_pod(last, f"cell-{rng.randrange(args.parents)}"))
     return created, last
 
 
@@ -222,20 +231,25 @@ async def _run(args: argparse.Namespace) -> list[dict[str, float]]:
     created = args.pods
     async with loop, _reading(loop, args.reader):
         await _caught_up(loop, api, None)
-        samples.append(_sample(args.trim))
+        samples.append(_sample(args.trim, len(api.pods)))
         for index in range(1, args.rounds + 1):
             created, last = _burst(api, rng, args, created)
             if index % args.relist_every == 0:
                 api.reject_cursor()
             await _caught_up(loop, api, last)
-            samples.append(_sample(args.trim))
+            samples.append(_sample(args.trim, len(api.pods)))
     return samples
 
 
 def _report(samples: list[dict[str, float]], args: argparse.Namespace) -> str:
     fitted = samples[args.warmup :]
     lines = [
-        f"steady pool of {args.pods} pods over {args.parents} parents, {args.rounds} rounds of "
+        (
+            f"pool of {args.pods} pods growing by {args.grow} a round"
+            if args.grow
+            else f"steady pool of {args.pods} pods"
+        )
+        + f" over {args.parents} parents, {args.rounds} rounds of "
         f"{args.burst} frames, a relist every {args.relist_every} rounds"
         + (", malloc_trim(0) after each" if args.trim else "")
         + (", the store read as JSON every 0.1 s" if args.reader else ""),
@@ -248,6 +262,16 @@ def _report(samples: list[dict[str, float]], args: argparse.Namespace) -> str:
         lines.append(
             f"  {column:<22} {values[0]:>10.1f} {max(values):>10.1f} {values[-1]:>10.1f} "
             f"{slope:>+15.2f}"
+        )
+    fit = two_term_fit(
+        [s["pods"] for s in fitted],
+        [float(i) for i in range(len(fitted))],
+        [s["rss"] for s in fitted],
+    )
+    if fit is not None:
+        lines.append(
+            f"RSS fitted to the pods and the rounds together: {fit[0] * 1024:+.1f} KiB per pod, "
+            f"{fit[1] * 100:+.2f} MiB per 100 rounds (the growth the pool does not explain)"
         )
     return "\n".join(lines)
 
