@@ -452,7 +452,8 @@ async def test_a_server_rejecting_every_cursor_is_listed_once_per_backoff_step()
             await clock.advance(1.0)
     fewest, most = await _steps_taken_within(600, 0.999), await _steps_taken_within(600, 0.0)
     assert most < 600 / RETRY / 5
-    assert 1 + fewest <= len(api.list_calls) <= 1 + most
+    # Mixed jitter moves the 2-minute resets between steps, so allow a step either way.
+    assert fewest <= len(api.list_calls) <= 2 + most
 
 
 @pytest.mark.parametrize(
