@@ -371,7 +371,11 @@ async def _read_announcing_head(content: Any, on_head: Callable[[str | None], ob
 class _UndecodedPage:
     def __init__(self, body: bytes) -> None:
         self._body = body
-        self.continue_hint = peek_continue_token(body)
+
+    @property
+    def continue_hint(self) -> str | None:
+        # Read on demand: the pager takes its hint from `on_head`, and every page went through this.
+        return peek_continue_token(self._body)
 
     def decode(self) -> PodListPage:
         page, rejects = decode_pod_list(self._body)
