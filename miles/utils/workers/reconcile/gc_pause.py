@@ -5,8 +5,8 @@ Go counterpart: none (Go's collector is concurrent; ``debug.SetGCPercent(-1)`` i
 would undo each other: the first to leave would switch the collector back on under the second.
 ``CollectorPause`` counts its holders instead: the first one in disables the collector, the last
 one out enables it again, and only if it was enabled when the first came in. A holder leaves in
-``finally``, so an exception or a cancellation inside an ``async with``/``with`` block restores the
-collector like a return does.
+``__exit__``, so an exception or a cancellation inside a ``with`` block restores the collector
+like a return does.
 
 ``COLLECTOR`` is the one instance every holder in the process uses; the switch it guards is itself
 process state, so one counter per process is the only count that is right.
@@ -15,8 +15,7 @@ process state, so one counter per process is the only count that is right.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 
 
 class CollectorPause:
@@ -30,19 +29,27 @@ class CollectorPause:
     def holders(self) -> int:
         return self._holders
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """The collector stays off inside the block, whatever other holders do meanwhile."""
+    def held(self) -> CollectorPause:
+        """The collector stays off inside the ``with`` block, whatever other holders do
+        meanwhile. The pause is its own context manager, not a generator's: it is entered for
+        every read of a watch, and ``contextlib.contextmanager`` cost about 1 µs more each time."""
+        return self
+
+    def __enter__(self) -> None:
         if self._holders == 0:
             self._restore = gc.isenabled()
             gc.disable()
         self._holders += 1
-        try:
-            yield
-        finally:
-            self._holders -= 1
-            if self._holders == 0 and self._restore:
-                gc.enable()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._holders -= 1
+        if self._holders == 0 and self._restore:
+            gc.enable()
 
 
 COLLECTOR = CollectorPause()

@@ -366,7 +366,8 @@ class ReconcileLoop:
             self.reconciles += 1
             if self._metrics is not None:
                 self._metrics.observe(started - queue.added_at, now() - started)
-            await asyncio.sleep(0)
+            if queue:
+                await asyncio.sleep(0)
 
     def _on_failure(
         self, parent: ParentKey, error: BaseException, timed_out: bool, task: asyncio.Task[None]
