@@ -77,8 +77,18 @@ from bench.apiserver_report import (
 )
 from bench.apiserver_seed import namespace_for
 
-CONTENDERS = ("ours", "ka", "go", "kube-rs", "ours-stream", "go-stream")
-DEFAULT_CONTENDERS = ("ours", "ka", "go", "kube-rs")
+CONTENDERS = (
+    "ours",
+    "ka",
+    "go",
+    "kube-rs",
+    "ours-stream",
+    "go-stream",
+    "wire",
+    "wire-decode",
+    "wire-keep",
+)
+DEFAULT_CONTENDERS = ("ours", "ka", "go", "kube-rs", "wire")
 COMPILED = ("go", "kube-rs", "go-stream")
 PAGE_SIZE = 500
 DEFAULT_PLOT = Path("docs") / "apiserver-growth.png"
@@ -370,6 +380,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--watch-seconds", type=float, default=None, help="default 8 (quick: 3)")
     parser.add_argument("--writer-concurrency", type=int, default=32)
     parser.add_argument(
+        "--writer-rate",
+        type=float,
+        default=0.0,
+        help="patches started per second, evenly spaced (default 0: as fast as the apiserver"
+        " takes them)",
+    )
+    parser.add_argument(
         "--oracle-poll", type=float, default=0.005, help="least seconds between client-go polls"
     )
     parser.add_argument("--drain-timeout", type=float, default=60.0)
@@ -378,7 +395,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         nargs="+",
         choices=CONTENDERS,
         default=list(DEFAULT_CONTENDERS),
-        help="ours-stream / go-stream: ours / client-go listing by a streaming list (not default)",
+        help="ours-stream / go-stream: ours / client-go listing by a streaming list (not"
+        " default); wire: the same LIST and WATCH read raw, decoding nothing; wire-decode /"
+        " wire-keep: also decoding each WATCH line / and keeping its pod (not default)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 pods, one round")
     parser.add_argument(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import ctypes
 import gc
@@ -40,6 +41,7 @@ from bench.apiserver_proc import (
     read_command,
     rss_bytes,
 )
+from bench.apiserver_wire import WIRE_LEVELS, WireReader
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
@@ -52,7 +54,7 @@ from miles.utils.workers.reconcile.source_event import (
     UpsertEvent,
 )
 
-CONTENDERS = ("ours", "ours-stream", "ka")
+CONTENDERS = ("ours", "ours-stream", "ka", *WIRE_LEVELS)
 STREAMING = "ours-stream"
 """Ours listing by a streaming list (``sendInitialEvents``) instead of paged LISTs."""
 
@@ -187,6 +189,14 @@ class CollectorPauses:
         return taken
 
 
+def full_collection_seconds() -> float:
+    """What one full collection of this heap costs: CPython runs one once a quarter more objects
+    than the last one found alive have been promoted, and ten young collections have run."""
+    started = time.process_time()
+    gc.collect()
+    return time.process_time() - started
+
+
 def trimmed_rss() -> int:
     """RSS once garbage is collected and glibc has returned its free pages: what stays."""
     gc.collect()
@@ -198,8 +208,8 @@ async def run(args: argparse.Namespace) -> None:
     from miles.utils.k8s_testenv.client import api_client
 
     profiler = Profiler(args.profile)
-    pauses = CollectorPauses()
     gc.collect()
+    pauses = CollectorPauses()
     rss_before = rss_bytes()
     started = time.monotonic()
     cpu_at_start = cpu_seconds()
@@ -215,30 +225,74 @@ async def run(args: argparse.Namespace) -> None:
             await recorder.all_reconciled.wait()
             synced = time.monotonic()
             profiler.dump("sync")
+            sync_cpu, rss_after = cpu_seconds() - cpu_at_start, rss_bytes()
+            sync_pauses = pauses.take()
             emit(
                 {
                     "phase": "synced",
                     "started": started,
                     "synced": synced,
-                    "sync_cpu": cpu_seconds() - cpu_at_start,
+                    "sync_cpu": sync_cpu,
                     "rss_before": rss_before,
-                    "rss_after": rss_bytes(),
+                    "rss_after": rss_after,
                     "rss_trimmed": trimmed_rss(),
                     "pods": recorder.stored,
-                    "gc_pauses": pauses.take(),
+                    "gc_pauses": sync_pauses,
                 }
             )
             await follow_commands(recorder, profiler, pauses, args)
 
 
+async def run_wire(args: argparse.Namespace) -> None:
+    """The wire contender (``bench/apiserver_wire.py``) in the same protocol: synced once its LIST
+    is read; its WATCH runs until ``quit``."""
+    from kubernetes_asyncio import client
+
+    from miles.utils.k8s_testenv.client import api_client
+
+    profiler = Profiler(args.profile)
+    gc.collect()
+    pauses = CollectorPauses()
+    rss_before = rss_bytes()
+    started = time.monotonic()
+    cpu_at_start = cpu_seconds()
+    async with api_client(Path(args.kubeconfig)) as api:
+        reader = WireReader(client.CoreV1Api(api), args.namespace, WIRE_LEVELS[args.contender])
+        watch = asyncio.create_task(reader.watch(await reader.list()))
+        try:
+            rss_after = rss_bytes()
+            emit(
+                {
+                    "phase": "synced",
+                    "started": started,
+                    "synced": time.monotonic(),
+                    "sync_cpu": cpu_seconds() - cpu_at_start,
+                    "rss_before": rss_before,
+                    "rss_after": rss_after,
+                    "rss_trimmed": rss_after,
+                    "pods": reader.stored,
+                    "gc_pauses": pauses.take(),
+                }
+            )
+            await follow_commands(reader, profiler, pauses, args)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+
 async def follow_commands(
-    recorder: Recorder, profiler: Profiler, pauses: CollectorPauses, args: argparse.Namespace
+    recorder: Recorder | WireReader,
+    profiler: Profiler,
+    pauses: CollectorPauses,
+    args: argparse.Namespace,
 ) -> None:
     cpu_at_mark = cpu_seconds()
     while True:
         command, *rest = (await read_command()).split()
         if command == "mark":
             recorder.reset()
+            gc.collect()
             pauses.take()
             cpu_at_mark = cpu_seconds()
             profiler.start()
@@ -246,13 +300,15 @@ async def follow_commands(
         elif command == "drain":
             await recorder.wait_for_rv(int(rest[0]), args.drain_timeout)
             profiler.dump("watch")
+            cpu, watch_pauses = cpu_seconds() - cpu_at_mark, pauses.take()
             emit(
                 {
                     "phase": "drained",
                     "applied": recorder.applied,
                     "dispatch": recorder.dispatch,
-                    "cpu": cpu_seconds() - cpu_at_mark,
-                    "gc_pauses": pauses.take(),
+                    "cpu": cpu,
+                    "gc_pauses": watch_pauses,
+                    "full_gc": full_collection_seconds(),
                     "rss": rss_bytes(),
                 }
             )
@@ -268,7 +324,8 @@ def main() -> None:
     parser.add_argument("--parents", type=int, required=True)
     parser.add_argument("--drain-timeout", type=float, default=60.0)
     parser.add_argument("--profile", default=None, help="pstats path prefix")
-    asyncio.run(run(parser.parse_args()))
+    args = parser.parse_args()
+    asyncio.run(run_wire(args) if args.contender in WIRE_LEVELS else run(args))
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ async def ready_writer(
         f"--pods={scenario.pods}",
         f"--seconds={args.watch_seconds}",
         f"--concurrency={args.writer_concurrency}",
+        f"--rate={args.writer_rate}",
         f"--seed={seed}",
     ]
     async with child("apiserver_writer", writer_args, log=env.logs / "writer.log") as writer:
@@ -274,6 +275,9 @@ async def measure_python(
                 "dispatch_p50": percentile(dispatch, 0.5),
                 "dispatch_p99": percentile(dispatch, 0.99),
                 "gc_watch_max_s": max((float(s) for _, s in drained["gc_pauses"]), default=0.0),
+                "gc_watch_per_event": sum(float(s) for _, s in drained["gc_pauses"])
+                / max(1, len(written.acks)),
+                "full_gc_s": float(drained["full_gc"]),
             }
         )
         values.update(ingestion(written, applied))

@@ -21,6 +21,9 @@ TITLES = {
     "kube-rs": "kube-rs",
     "ours-stream": "ours, streaming list",
     "go-stream": "client-go, WatchList",
+    "wire": "the wire, read raw",
+    "wire-decode": "the wire, decoded",
+    "wire-keep": "the wire, decoded, kept",
     "floor": "the raw paged LIST",
 }
 COLUMNS = {
@@ -30,8 +33,11 @@ COLUMNS = {
     "kube-rs": "kube-rs",
     "ours-stream": "ours-stream",
     "go-stream": "go-stream",
+    "wire": "wire",
+    "wire-decode": "wire-decode",
+    "wire-keep": "wire-keep",
 }
-PEERS = ("ka", "go", "kube-rs", "ours-stream", "go-stream")
+PEERS = ("ka", "go", "kube-rs", "ours-stream", "go-stream", "wire", "wire-decode", "wire-keep")
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,8 @@ METRICS: dict[str, Metric] = {
     "writer_rate": Metric("writer: patches acknowledged per second", "ev/s", 1.0, True),
     "gc_sync_s": Metric("cyclic GC pauses during sync, total", "ms", 1e3, False),
     "gc_watch_max_s": Metric("longest cyclic GC pause during WATCH", "ms", 1e3, False),
+    "gc_watch_per_event": Metric("  cyclic GC pauses during WATCH, per event", "us", 1e6, False),
+    "full_gc_s": Metric("one full cyclic collection after the WATCH", "ms", 1e3, False),
 }
 
 

@@ -30,7 +30,14 @@ MERGE_PATCH = "application/merge-patch+json"
 
 class Writer:
     def __init__(
-        self, core_v1_api: Any, *, namespace: str, names: list[str], seconds: float, seed: int
+        self,
+        core_v1_api: Any,
+        *,
+        namespace: str,
+        names: list[str],
+        seconds: float,
+        seed: int,
+        rate: float = 0.0,
     ) -> None:
         self._core = core_v1_api
         self._namespace = namespace
@@ -39,12 +46,19 @@ class Writer:
         self._rng = random.Random(seed)
         self._seq = 0
         self._run = f"{time.time_ns():x}"
+        self._interval = 1.0 / rate if rate > 0 else 0.0
         self.acks: list[tuple[float, int]] = []
         self.errors = 0
 
-    async def patch_until(self, deadline: float) -> None:
+    async def patch_until(self, started: float, deadline: float) -> None:
         while time.monotonic() < deadline:
             self._seq += 1
+            if self._interval:
+                # Paced: patch n starts at started + n / rate, whatever the apiserver's speed.
+                slot = started + self._seq * self._interval
+                if slot >= deadline:
+                    return
+                await asyncio.sleep(slot - time.monotonic())
             body = {
                 "metadata": {
                     "annotations": {WRITER_ANNOTATION: f"{self._run}-{self._seq}"},
@@ -77,14 +91,20 @@ async def run(args: argparse.Namespace) -> None:
         core = client.CoreV1Api(api)
         names = [f"engine-{index}" for index in range(args.pods)]
         writer = Writer(
-            core, namespace=args.namespace, names=names, seconds=args.seconds, seed=args.seed
+            core,
+            namespace=args.namespace,
+            names=names,
+            seconds=args.seconds,
+            seed=args.seed,
+            rate=args.rate,
         )
         emit({"phase": "ready"})
         if await read_command() != "go":
             return
         started = time.monotonic()
         deadline = started + args.seconds
-        await asyncio.gather(*(writer.patch_until(deadline) for _ in range(args.concurrency)))
+        patchers = (writer.patch_until(started, deadline) for _ in range(args.concurrency))
+        await asyncio.gather(*patchers)
         emit({"phase": "done", "started": started, "acks": writer.acks, "errors": writer.errors})
 
 
@@ -96,6 +116,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="patches started per second (0: unpaced)"
+    )
     asyncio.run(run(parser.parse_args()))
 
 

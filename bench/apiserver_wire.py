@@ -1,0 +1,120 @@
+"""The wire contender of ``bench/apiserver.py``: the same LIST and WATCH, read and not decoded.
+
+Go counterpart: none (a floor). It runs in the process and protocol of
+``bench/apiserver_contender.py`` (``--contender wire``) over the same client stack as ours
+(``kubernetes_asyncio``'s ``ApiClient`` on aiohttp, asyncio's TLS), so its CPU per WATCH event is
+what one event costs before anything is decoded: the socket, TLS, HTTP chunking, the event loop,
+line framing, and a regular expression for the event's resourceVersion, which is all it keeps.
+The LIST is read in pages of 500, each body whole, and the WATCH opens at the LIST's
+resourceVersion with bookmarks, as ours does.
+
+Two more steps split ours's cost per event from outside (``WIRE_LEVELS``): ``wire-decode`` also
+decodes each line as ours does (``k8s_wire.decode_watch_lines``) and drops the pod;
+``wire-keep`` keeps it too, in a dict by name, so that the pods stay alive for the collector to
+walk, as a store's do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Any
+
+from bench.apiserver_proc import SELECTOR
+from miles.utils.workers.reconcile.k8s_wire import decode_watch_lines
+
+PAGE_SIZE = 500
+_CONTINUE = re.compile(rb'"continue":"([^"]*)"')
+_LIST_RV = re.compile(rb'"resourceVersion":"(\d+)"')
+_ITEM = re.compile(rb'\{"metadata":\{"name":')
+_BOOKMARK = b'"type":"BOOKMARK"'
+WIRE_LEVELS = {"wire": "read", "wire-decode": "decode", "wire-keep": "keep"}
+
+
+class WireReader:
+    """Counts the pods of one raw LIST, then stamps each WATCH line's resourceVersion."""
+
+    def __init__(self, core_v1_api: Any, namespace: str, level: str = "read") -> None:
+        self._core = core_v1_api
+        self._namespace = namespace
+        self._decodes = level in ("decode", "keep")
+        self._keeps = level == "keep"
+        self._kept: dict[str, Any] = {}
+        self.stored = 0
+        self.applied: list[tuple[int, float]] = []
+        self.dispatch: list[float] = []
+        self.max_rv = 0
+        self.progress = asyncio.Event()
+
+    async def list(self) -> str:
+        """Reads every page; the LIST's resourceVersion (the first page's, as the pager keeps)."""
+        token: str | None = None
+        list_rv = ""
+        while True:
+            options: dict[str, Any] = {"label_selector": SELECTOR, "limit": PAGE_SIZE}
+            if token:
+                options["_continue"] = token
+            resp = await self._core.list_namespaced_pod(
+                self._namespace, _preload_content=False, **options
+            )
+            try:
+                body = await resp.read()
+            finally:
+                resp.release()
+            head = body[:4096]
+            found = _CONTINUE.search(head)
+            list_rv = list_rv or _LIST_RV.search(head).group(1).decode()  # type: ignore[union-attr]
+            self.stored += len(_ITEM.findall(body))
+            token = found.group(1).decode() if found else None
+            if not token:
+                return list_rv
+
+    async def watch(self, resource_version: str) -> None:
+        resp = await self._core.list_namespaced_pod(
+            self._namespace,
+            label_selector=SELECTOR,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=3600,
+            _preload_content=False,
+        )
+        buffer = bytearray()
+        try:
+            while chunk := await resp.content.readany():
+                buffer += chunk
+                start = 0
+                while (end := buffer.find(b"\n", start)) != -1:
+                    self._note(bytes(buffer[start:end]))
+                    start = end + 1
+                del buffer[:start]
+        finally:
+            resp.release()
+
+    def _note(self, line: bytes) -> None:
+        if self._decodes:
+            events, _ = decode_watch_lines([line])
+            pod = events[0].pod if events else None
+            if self._keeps and pod is not None:
+                self._kept[pod.metadata.name] = pod
+        found = _LIST_RV.search(line)
+        if found is None or _BOOKMARK in line[:40]:
+            return
+        rv = int(found.group(1))
+        self.applied.append((rv, time.monotonic()))
+        if rv > self.max_rv:
+            self.max_rv = rv
+        self.progress.set()
+
+    async def wait_for_rv(self, rv: int, within: float) -> None:
+        deadline = time.monotonic() + within
+        while self.max_rv < rv and (left := deadline - time.monotonic()) > 0:
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), left)
+            except TimeoutError:
+                return
+
+    def reset(self) -> None:
+        self.applied.clear()
