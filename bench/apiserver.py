@@ -18,7 +18,10 @@ in its own process against the same apiserver state (the order rotates every rou
   ``Watch`` and ``V1Pod`` models (``bench/apiserver_ka_reflector.py``);
 - client-go: ``tools/k8s/oracle``, client-go's ``Reflector`` and ``Store``;
 - kube-rs: ``tools/kube-rs-oracle``, kube-runtime's ``watcher`` (default ``Config``) into a
-  ``reflector::store::<Pod>()``, built with cargo on first use (``bench/apiserver_kube_rs.py``).
+  ``reflector::store::<Pod>()``, built with cargo on first use (``bench/apiserver_kube_rs.py``);
+- the wire: the same LIST and WATCH over ours's client stack, read and not decoded
+  (``bench/apiserver_wire.py``), the floor of a Python client; ``wire-decode`` and ``wire-keep``
+  (not default) add ours's decoding of each WATCH line, then keeping its pod.
 
 A contender that cannot be built is skipped with one line saying why; the rest run, and the exit
 status reflects the targets that could be judged. What is measured, per contender and round (the
@@ -33,12 +36,15 @@ figure printed is the median over the rounds, and each ratio the median of per-r
   of sync, per stored pod. For the compiled contenders "before" is the same program synced to an
   empty selection;
 - WATCH ingestion: a writer process (``bench/apiserver_writer.py``) patches a label and an
-  annotation of random pods, ``--writer-concurrency`` patches in flight, for ``--watch-seconds``.
+  annotation of random pods, ``--writer-concurrency`` patches in flight, for ``--watch-seconds``
+  (``--writer-rate`` paces them evenly instead, so that every contender meets the same load).
   The rate is the writer's events divided by the time from the writer's start until the contender
   has applied its last one; the lag of an event is the time from the writer receiving the
   apiserver's acknowledgement until the contender's store holds that resourceVersion; the CPU per
   event is the contender's CPU over an unpolled window divided by the writer's events (see
-  ``bench/apiserver_measure.py``);
+  ``bench/apiserver_measure.py``); a Python contender collects its garbage fully just before the
+  window, so that each window starts from the same collector state, and reports the collector's
+  pauses inside it and one full collection's cost after it;
 - reconcile dispatch latency, under that load: from an event being applied to the store until
   the reconcile of its parent starts. The compiled contenders have no controller, so no figure.
 
