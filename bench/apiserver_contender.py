@@ -25,6 +25,7 @@ import gc
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from bench.apiserver_ka_reflector import KubernetesAsyncioModelReflector
 from bench.apiserver_proc import (
     PARENT_LABEL,
     SELECTOR,
+    AppliedEvents,
     cpu_seconds,
     emit,
     read_command,
@@ -64,20 +66,17 @@ def parent_of(pod: Any) -> ParentKey | None:
     return labels.get(PARENT_LABEL) if labels else None
 
 
-class Recorder:
+class Recorder(AppliedEvents):
     """Stamps each event once the store has applied it, and each reconcile of a parent that had
     events pending."""
 
     def __init__(self, *, parents: int) -> None:
+        super().__init__()
         self.stored = 0
-        self.applied: list[tuple[int, float]] = []
-        self.dispatch: list[float] = []
-        self.max_rv = 0
         self._parents = parents
         self._reconciled: set[ParentKey] = set()
         self._pending: defaultdict[ParentKey, list[float]] = defaultdict(list)
         self.all_reconciled = asyncio.Event()
-        self.progress = asyncio.Event()
 
     def wrap(self, source: SourceWatchFn) -> SourceWatchFn:
         async def recorded() -> AsyncIterator[SourceEvent]:
@@ -93,14 +92,11 @@ class Recorder:
             self.stored = len(event.objects)
             return
         obj = event.obj if isinstance(event, UpsertEvent) else event.last_obj
-        rv = int(obj.metadata.resource_version)
-        self.applied.append((rv, now))
-        self.max_rv = max(self.max_rv, rv)
         self.stored += isinstance(event, UpsertEvent) - isinstance(event, DeleteEvent)
         parent = parent_of(obj)
         if parent is not None:
             self._pending[parent].append(now)
-        self.progress.set()
+        self.note(int(obj.metadata.resource_version), now)
 
     def reconciler(self, members: Callable[[ParentKey], list[Any]]) -> Any:
         async def reconcile(parent: ParentKey) -> None:
@@ -115,19 +111,6 @@ class Recorder:
                     self.all_reconciled.set()
 
         return reconcile
-
-    def reset(self) -> None:
-        self.applied.clear()
-        self.dispatch.clear()
-
-    async def wait_for_rv(self, rv: int, within: float) -> None:
-        deadline = time.monotonic() + within
-        while self.max_rv < rv and (left := deadline - time.monotonic()) > 0:
-            self.progress.clear()
-            try:
-                await asyncio.wait_for(self.progress.wait(), left)
-            except TimeoutError:
-                return
 
 
 def build_source(name: str, api_client: Any, namespace: str) -> SourceWatchFn:
@@ -189,6 +172,49 @@ class CollectorPauses:
         return taken
 
 
+@dataclass(frozen=True)
+class SyncStart:
+    """A contender's stamps just before it builds its API client, for its ``synced`` line."""
+
+    rss: int
+    monotonic: float
+    cpu: float
+
+    @classmethod
+    def now(cls) -> SyncStart:
+        return cls(rss_bytes(), time.monotonic(), cpu_seconds())
+
+    def synced(
+        self, *, pods: int, pauses: CollectorPauses, trimmed: Callable[[], int] | None = None
+    ) -> None:
+        synced, cpu, rss_after, gc_pauses = (
+            time.monotonic(),
+            cpu_seconds() - self.cpu,
+            rss_bytes(),
+            pauses.take(),
+        )
+        emit(
+            {
+                "phase": "synced",
+                "started": self.monotonic,
+                "synced": synced,
+                "sync_cpu": cpu,
+                "rss_before": self.rss,
+                "rss_after": rss_after,
+                "rss_trimmed": rss_after if trimmed is None else trimmed(),
+                "pods": pods,
+                "gc_pauses": gc_pauses,
+            }
+        )
+
+
+def starting(args: argparse.Namespace) -> tuple[Profiler, CollectorPauses, SyncStart]:
+    """The profiler, the collector's pauses from a collected heap on, and the start stamps."""
+    profiler = Profiler(args.profile)
+    gc.collect()
+    return profiler, CollectorPauses(), SyncStart.now()
+
+
 def full_collection_seconds() -> float:
     """What one full collection of this heap costs: CPython runs one once a quarter more objects
     than the last one found alive have been promoted, and ten young collections have run."""
@@ -207,12 +233,7 @@ def trimmed_rss() -> int:
 async def run(args: argparse.Namespace) -> None:
     from miles.utils.k8s_testenv.client import api_client
 
-    profiler = Profiler(args.profile)
-    gc.collect()
-    pauses = CollectorPauses()
-    rss_before = rss_bytes()
-    started = time.monotonic()
-    cpu_at_start = cpu_seconds()
+    profiler, pauses, start = starting(args)
     profiler.start()
     recorder = Recorder(parents=args.parents)
     async with api_client(Path(args.kubeconfig)) as api:
@@ -223,23 +244,8 @@ async def run(args: argparse.Namespace) -> None:
         )
         async with loop:
             await recorder.all_reconciled.wait()
-            synced = time.monotonic()
+            start.synced(pods=recorder.stored, pauses=pauses, trimmed=trimmed_rss)
             profiler.dump("sync")
-            sync_cpu, rss_after = cpu_seconds() - cpu_at_start, rss_bytes()
-            sync_pauses = pauses.take()
-            emit(
-                {
-                    "phase": "synced",
-                    "started": started,
-                    "synced": synced,
-                    "sync_cpu": sync_cpu,
-                    "rss_before": rss_before,
-                    "rss_after": rss_after,
-                    "rss_trimmed": trimmed_rss(),
-                    "pods": recorder.stored,
-                    "gc_pauses": sync_pauses,
-                }
-            )
             await follow_commands(recorder, profiler, pauses, args)
 
 
@@ -250,30 +256,12 @@ async def run_wire(args: argparse.Namespace) -> None:
 
     from miles.utils.k8s_testenv.client import api_client
 
-    profiler = Profiler(args.profile)
-    gc.collect()
-    pauses = CollectorPauses()
-    rss_before = rss_bytes()
-    started = time.monotonic()
-    cpu_at_start = cpu_seconds()
+    profiler, pauses, start = starting(args)
     async with api_client(Path(args.kubeconfig)) as api:
         reader = WireReader(client.CoreV1Api(api), args.namespace, WIRE_LEVELS[args.contender])
         watch = asyncio.create_task(reader.watch(await reader.list()))
         try:
-            rss_after = rss_bytes()
-            emit(
-                {
-                    "phase": "synced",
-                    "started": started,
-                    "synced": time.monotonic(),
-                    "sync_cpu": cpu_seconds() - cpu_at_start,
-                    "rss_before": rss_before,
-                    "rss_after": rss_after,
-                    "rss_trimmed": rss_after,
-                    "pods": reader.stored,
-                    "gc_pauses": pauses.take(),
-                }
-            )
+            start.synced(pods=reader.stored, pauses=pauses)
             await follow_commands(reader, profiler, pauses, args)
         finally:
             watch.cancel()
@@ -282,7 +270,7 @@ async def run_wire(args: argparse.Namespace) -> None:
 
 
 async def follow_commands(
-    recorder: Recorder | WireReader,
+    recorder: AppliedEvents,
     profiler: Profiler,
     pauses: CollectorPauses,
     args: argparse.Namespace,

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,35 @@ async def read_command() -> str:
     if not line:
         raise EOFError("the orchestrator closed stdin")
     return line.strip()
+
+
+class AppliedEvents:
+    """The resourceVersions a contender has applied, each with its stamp, and a wait for one."""
+
+    def __init__(self) -> None:
+        self.applied: list[tuple[int, float]] = []
+        self.dispatch: list[float] = []
+        self.max_rv = 0
+        self.progress = asyncio.Event()
+
+    def note(self, rv: int, stamp: float) -> None:
+        self.applied.append((rv, stamp))
+        if rv > self.max_rv:
+            self.max_rv = rv
+        self.progress.set()
+
+    def reset(self) -> None:
+        self.applied.clear()
+        self.dispatch.clear()
+
+    async def wait_for_rv(self, rv: int, within: float) -> None:
+        deadline = time.monotonic() + within
+        while self.max_rv < rv and (left := deadline - time.monotonic()) > 0:
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), left)
+            except TimeoutError:
+                return
 
 
 def child_argv(module: str, *args: str) -> list[str]:

@@ -16,36 +16,31 @@ walk, as a store's do.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from typing import Any
 
-from bench.apiserver_proc import SELECTOR
+from bench.apiserver_proc import SELECTOR, AppliedEvents, first_resource_version
 from miles.utils.workers.reconcile.k8s_wire import decode_watch_lines
 
 PAGE_SIZE = 500
 _CONTINUE = re.compile(rb'"continue":"([^"]*)"')
-_LIST_RV = re.compile(rb'"resourceVersion":"(\d+)"')
 _ITEM = re.compile(rb'\{"metadata":\{"name":')
-_BOOKMARK = b'"type":"BOOKMARK"'
+_POD_EVENT = re.compile(rb'\{"type":"(?:ADDED|MODIFIED|DELETED)"')
 WIRE_LEVELS = {"wire": "read", "wire-decode": "decode", "wire-keep": "keep"}
 
 
-class WireReader:
+class WireReader(AppliedEvents):
     """Counts the pods of one raw LIST, then stamps each WATCH line's resourceVersion."""
 
     def __init__(self, core_v1_api: Any, namespace: str, level: str = "read") -> None:
+        super().__init__()
         self._core = core_v1_api
         self._namespace = namespace
         self._decodes = level in ("decode", "keep")
         self._keeps = level == "keep"
         self._kept: dict[str, Any] = {}
         self.stored = 0
-        self.applied: list[tuple[int, float]] = []
-        self.dispatch: list[float] = []
-        self.max_rv = 0
-        self.progress = asyncio.Event()
 
     async def list(self) -> str:
         """Reads every page; the LIST's resourceVersion (the first page's, as the pager keeps)."""
@@ -62,9 +57,8 @@ class WireReader:
                 body = await resp.read()
             finally:
                 resp.release()
-            head = body[:4096]
-            found = _CONTINUE.search(head)
-            list_rv = list_rv or _LIST_RV.search(head).group(1).decode()  # type: ignore[union-attr]
+            found = _CONTINUE.search(body, 0, 4096)
+            list_rv = list_rv or str(first_resource_version(body))
             self.stored += len(_ITEM.findall(body))
             token = found.group(1).decode() if found else None
             if not token:
@@ -98,23 +92,5 @@ class WireReader:
             pod = events[0].pod if events else None
             if self._keeps and pod is not None:
                 self._kept[pod.metadata.name] = pod
-        found = _LIST_RV.search(line)
-        if found is None or _BOOKMARK in line[:40]:
-            return
-        rv = int(found.group(1))
-        self.applied.append((rv, time.monotonic()))
-        if rv > self.max_rv:
-            self.max_rv = rv
-        self.progress.set()
-
-    async def wait_for_rv(self, rv: int, within: float) -> None:
-        deadline = time.monotonic() + within
-        while self.max_rv < rv and (left := deadline - time.monotonic()) > 0:
-            self.progress.clear()
-            try:
-                await asyncio.wait_for(self.progress.wait(), left)
-            except TimeoutError:
-                return
-
-    def reset(self) -> None:
-        self.applied.clear()
+        if _POD_EVENT.match(line):
+            self.note(first_resource_version(line), time.monotonic())
