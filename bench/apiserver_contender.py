@@ -216,8 +216,9 @@ def starting(args: argparse.Namespace) -> tuple[Profiler, CollectorPauses, SyncS
 
 
 def full_collection_seconds() -> float:
-    """What one full collection of this heap costs: CPython runs one once a quarter more objects
-    than the last one found alive have been promoted, and ten young collections have run."""
+    """What one full collection of this heap costs. CPython runs one once ten generation-1
+    collections have run since the last, and a quarter more objects than it found alive have been
+    promoted since."""
     started = time.process_time()
     gc.collect()
     return time.process_time() - started
@@ -288,7 +289,7 @@ async def follow_commands(
         elif command == "drain":
             await recorder.wait_for_rv(int(rest[0]), args.drain_timeout)
             profiler.dump("watch")
-            cpu, watch_pauses = cpu_seconds() - cpu_at_mark, pauses.take()
+            cpu, watch_pauses, rss = cpu_seconds() - cpu_at_mark, pauses.take(), rss_bytes()
             emit(
                 {
                     "phase": "drained",
@@ -297,7 +298,7 @@ async def follow_commands(
                     "cpu": cpu,
                     "gc_pauses": watch_pauses,
                     "full_gc": full_collection_seconds(),
-                    "rss": rss_bytes(),
+                    "rss": rss,
                 }
             )
         elif command == "quit":
