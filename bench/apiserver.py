@@ -82,18 +82,9 @@ from bench.apiserver_report import (
     print_table,
 )
 from bench.apiserver_seed import namespace_for
+from bench.apiserver_wire import WIRE_LEVELS
 
-CONTENDERS = (
-    "ours",
-    "ka",
-    "go",
-    "kube-rs",
-    "ours-stream",
-    "go-stream",
-    "wire",
-    "wire-decode",
-    "wire-keep",
-)
+CONTENDERS = ("ours", "ka", "go", "kube-rs", "ours-stream", "go-stream", *WIRE_LEVELS)
 DEFAULT_CONTENDERS = ("ours", "ka", "go", "kube-rs", "wire")
 COMPILED = ("go", "kube-rs", "go-stream")
 PAGE_SIZE = 500

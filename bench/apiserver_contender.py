@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import ctypes
 import gc
 import time
 from collections import defaultdict
@@ -44,6 +43,7 @@ from bench.apiserver_proc import (
     rss_bytes,
 )
 from bench.apiserver_wire import WIRE_LEVELS, WireReader
+from miles.utils.workers.reconcile.heap_trim import trim_free_heap
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
@@ -187,12 +187,10 @@ class SyncStart:
     def synced(
         self, *, pods: int, pauses: CollectorPauses, trimmed: Callable[[], int] | None = None
     ) -> None:
-        synced, cpu, rss_after, gc_pauses = (
-            time.monotonic(),
-            cpu_seconds() - self.cpu,
-            rss_bytes(),
-            pauses.take(),
-        )
+        synced = time.monotonic()
+        cpu = cpu_seconds() - self.cpu
+        rss_after = rss_bytes()
+        gc_pauses = pauses.take()  # before ``trimmed``, whose own collection is not the sync's
         emit(
             {
                 "phase": "synced",
@@ -227,7 +225,7 @@ def full_collection_seconds() -> float:
 def trimmed_rss() -> int:
     """RSS once garbage is collected and glibc has returned its free pages: what stays."""
     gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trim_free_heap()
     return rss_bytes()
 
 

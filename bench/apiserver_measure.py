@@ -202,12 +202,16 @@ def ingestion(writer: WriterRun, applied: dict[int, float]) -> Values:
     }
 
 
-def per_event(cpu: float, writer: WriterRun) -> Values:
-    return {
-        "cpu_per_event": cpu / len(writer.acks) if writer.acks else None,
+def per_event(cpu: float, writer: WriterRun, gc_pauses: float | None = None) -> Values:
+    events = len(writer.acks)
+    values: Values = {
+        "cpu_per_event": cpu / events if events else None,
         "watch_cpu_s": cpu,
-        "events": float(len(writer.acks)),
+        "events": float(events),
     }
+    if gc_pauses is not None:
+        values["gc_watch_per_event"] = gc_pauses / events if events else None
+    return values
 
 
 def stamps_from_polls(writer: WriterRun, polls: Sequence[tuple[float, int]]) -> dict[int, float]:
@@ -275,13 +279,12 @@ async def measure_python(
                 "dispatch_p50": percentile(dispatch, 0.5),
                 "dispatch_p99": percentile(dispatch, 0.99),
                 "gc_watch_max_s": max((float(s) for _, s in drained["gc_pauses"]), default=0.0),
-                "gc_watch_per_event": sum(float(s) for _, s in drained["gc_pauses"])
-                / max(1, len(written.acks)),
                 "full_gc_s": float(drained["full_gc"]),
             }
         )
         values.update(ingestion(written, applied))
-        values.update(per_event(float(drained["cpu"]), written))
+        gc_pauses = sum(float(seconds) for _, seconds in drained["gc_pauses"])
+        values.update(per_event(float(drained["cpu"]), written, gc_pauses))
     return values
 
 

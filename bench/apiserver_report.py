@@ -37,7 +37,7 @@ COLUMNS = {
     "wire-decode": "wire-decode",
     "wire-keep": "wire-keep",
 }
-PEERS = ("ka", "go", "kube-rs", "ours-stream", "go-stream", "wire", "wire-decode", "wire-keep")
+PEERS = tuple(name for name in COLUMNS if name != "ours")
 
 
 @dataclass(frozen=True)
