@@ -292,7 +292,7 @@ async def follow_commands(
                 {
                     "phase": "drained",
                     "applied": recorder.applied,
-                    "dispatch": recorder.dispatch,
+                    "dispatch": recorder.dispatch.tolist(),
                     "cpu": cpu,
                     "gc_pauses": watch_pauses,
                     "full_gc": full_collection_seconds(),
