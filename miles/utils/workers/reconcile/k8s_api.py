@@ -25,7 +25,7 @@ from __future__ import annotations
 import errno
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from typing import Any, Protocol, runtime_checkable
 
 from miles.utils.workers.reconcile.arguments import positive_finite
@@ -342,12 +342,13 @@ class KubernetesAsyncioPodApi:
             try:
                 await _raise_for_status(resp)
                 lines = iter_line_batches(resp.content, idle_timeout=self._watch_idle_timeout)
-                async for batch in lines:
-                    events, failure = decode_watch_lines(batch)
-                    for event in events:
-                        yield event
-                    if failure is not None:
-                        raise failure
+                async with aclosing(lines):
+                    async for batch in lines:
+                        events, failure = decode_watch_lines(batch)
+                        for event in events:
+                            yield event
+                        if failure is not None:
+                            raise failure
             finally:
                 resp.close()
 

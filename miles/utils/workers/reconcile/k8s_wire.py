@@ -6,7 +6,9 @@ exceptions into ``KubernetesApiError`` and ``KubernetesConnectionError`` at that
 
 Decoding is two functions, ``decode_pod_list`` and ``decode_watch_line``, plus ``iter_lines`` to
 frame a byte stream. They raise only ``FrameDecodeError`` (a ``ValueError``), whatever the bytes:
-see its docstring for what a caller may rely on.
+see its docstring for what a caller may rely on. Both cut each pod's ``managedFields`` out of the
+bytes before validating them (``without_managed_fields``), and validate the bytes whole where the
+cut leaves them unreadable.
 
 ``decode_pod_list`` pauses the cyclic garbage collector while it runs (``gc_pause.COLLECTOR``):
 validating a page builds hundreds of thousands of acyclic objects, each allocation counts toward a
@@ -25,7 +27,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
@@ -336,10 +339,44 @@ def decode_pod_list(body: bytes) -> tuple[PodListPage, list[FrameDecodeError]]:
     """A LIST body as a page, plus one error per item that is not a valid pod (left out)."""
     with COLLECTOR.held():
         try:
-            page = _PodList.model_validate_json(body)
+            page = _PodList.model_validate_json(without_managed_fields(body))
         except ValidationError:
             return _decode_pod_list_item_by_item(body)
     return _page(page.items, page.metadata), []
+
+
+_MANAGED_FIELDS = b',"managedFields":['
+
+
+def without_managed_fields(data: bytes, *, most: int | None = None) -> bytes:
+    """A pod's, a watch frame's or a LIST body's JSON without each pod's ``metadata.managedFields``,
+    which no model reads; data without them is returned as it is. They are 44-45% of a pod's bytes
+    as an apiserver writes them, and pydantic-core would parse them in full only to drop them
+    (controller-runtime drops them after decoding, ``TransformStripManagedFields``).
+
+    Each array runs from ``,"managedFields":[`` to the first ``]`` after it. The opening cannot
+    match inside a JSON string (a quote there is always escaped), and a managed-fields entry holds
+    only strings and the ``fieldsV1`` trie of objects, never an array, so the first ``]`` outside a
+    string closes the array. One inside a string (a trie key may quote a value) cuts the data in
+    the middle of that string, which leaves JSON that does not parse: a caller whose cut data does
+    not validate decodes the data it was given instead. ``most`` stops the search after that many
+    arrays (1 for a watch line: the search for a second one cost a third of the cut)."""
+    if not isinstance(data, bytes):  # a str line, as the decoders also accept
+        return data
+    parts: list[bytes] = []
+    taken = 0
+    while (start := data.find(_MANAGED_FIELDS, taken)) != -1:
+        end = data.find(b"]", start + len(_MANAGED_FIELDS))
+        if end == -1:
+            break
+        parts.append(data[taken:start])
+        taken = end + 1
+        if len(parts) == most:
+            break
+    if not parts:
+        return data
+    parts.append(data[taken:])
+    return b"".join(parts)
 
 
 _ITEMS_KEY = b',"items":'
@@ -399,7 +436,7 @@ def decode_watch_line(line: bytes) -> PodWatchEvent:
     ``kubernetes_asyncio`` reads it.
     """
     try:
-        frame = _FRAME.validate_json(line)
+        frame = _validate_frame(line)
     except ValidationError as err:
         return _decode_rejected_line(line, err)
     if isinstance(frame, _PodFrame):
@@ -407,6 +444,17 @@ def decode_watch_line(line: bytes) -> PodWatchEvent:
     if isinstance(frame, _BookmarkFrame):
         return PodWatchEvent.from_frame(event_type="BOOKMARK", obj=frame.object)
     return _error_event(frame.object)
+
+
+def _validate_frame(line: bytes) -> _PodFrame | _StatusFrame | _BookmarkFrame:
+    """The frame validated without its managed fields, or, when that fails, as it came."""
+    cut = without_managed_fields(line, most=1)
+    if cut is not line:
+        try:
+            return _FRAME.validate_json(cut)
+        except ValidationError:
+            pass
+    return _FRAME.validate_json(line)
 
 
 def _decode_rejected_line(line: bytes, err: ValidationError) -> PodWatchEvent:
@@ -477,28 +525,29 @@ async def iter_line_batches(
     max_line_bytes: int = MAX_LINE_BYTES,
     *,
     idle_timeout: float | None = None,
-) -> AsyncIterator[list[bytes]]:
+) -> AsyncGenerator[list[bytes], None]:
     """The non-blank lines each read of a byte stream completes, one list per read.
 
     A stream that ends inside a line raises ``KubernetesConnectionError`` after the complete lines
     before it; so does one that delivers nothing for ``idle_timeout`` seconds (``idle=True``).
     """
     buffer = bytearray()
-    while chunk := await _read(content, idle_timeout):
-        scan_from = len(buffer)
-        buffer += chunk
-        start = 0
-        lines: list[bytes] = []
-        while (end := buffer.find(b"\n", max(start, scan_from))) != -1:
-            line = bytes(buffer[start:end])
-            start = end + 1
-            if line.strip():
-                lines.append(line)
-        del buffer[:start]
-        if lines:
-            yield lines
-        if len(buffer) > max_line_bytes:
-            raise FrameDecodeError(f"watch line longer than {max_line_bytes} bytes")
+    with nullcontext() if idle_timeout is None else ReadIdleDeadline(idle_timeout) as deadline:
+        while chunk := await (content.readany() if deadline is None else deadline.read(content)):
+            scan_from = len(buffer)
+            buffer += chunk
+            start = 0
+            lines: list[bytes] = []
+            while (end := buffer.find(b"\n", max(start, scan_from))) != -1:
+                line = bytes(buffer[start:end])
+                start = end + 1
+                if line.strip():
+                    lines.append(line)
+            del buffer[:start]
+            if lines:
+                yield lines
+            if len(buffer) > max_line_bytes:
+                raise FrameDecodeError(f"watch line longer than {max_line_bytes} bytes")
     if buffer.strip():
         raise KubernetesConnectionError(f"stream ended inside a frame ({len(buffer)} bytes)")
 
@@ -518,17 +567,54 @@ def decode_watch_lines(lines: list[bytes]) -> tuple[list[PodWatchEvent], FrameDe
     return events, None
 
 
-async def _read(content: ByteStream, idle_timeout: float | None) -> bytes:
-    if idle_timeout is None:
-        return await content.readany()
-    # A deadline per read, never across the caller's ``yield``: a broken chunked body never ends
-    # aiohttp's reader, and a peer gone without a FIN never sends another byte.
-    try:
-        async with asyncio.timeout(idle_timeout) as deadline:
-            return await content.readany()
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-        raise KubernetesConnectionError(
-            f"nothing read for {idle_timeout:g}s (read-idle deadline)", idle=True
-        ) from None
+class ReadIdleDeadline:
+    """Ends a read of a stream that has waited ``idle`` seconds for bytes, with one timer for the
+    whole stream.
+
+    A read notes when it started and waits inside an ``asyncio.timeout`` with no deadline of its
+    own; the one timer, armed for the ``with`` block, when it fires, expires the read that has
+    waited too long, or else re-arms for the read waiting now. A deadline per read
+    (``asyncio.timeout(idle)``) scheduled and cancelled one timer per read, and its cancelled
+    handles stayed in the event loop's heap until the loop purged them, about a hundred reads
+    later. The deadline never spans the caller's ``yield``: a broken chunked body never ends
+    aiohttp's reader, and a peer gone without a FIN never sends another byte, but the time the
+    caller takes between reads is not silence.
+    """
+
+    def __init__(self, idle: float) -> None:
+        self._idle = idle
+        self._loop = asyncio.get_running_loop()
+        self._read_started = 0.0
+        self._reading: asyncio.Timeout | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __enter__(self) -> ReadIdleDeadline:
+        self._timer = self._loop.call_at(self._loop.time() + self._idle, self._check)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    async def read(self, content: ByteStream) -> bytes:
+        self._read_started = self._loop.time()
+        try:
+            async with asyncio.timeout(None) as self._reading:
+                return await content.readany()
+        except TimeoutError:
+            if self._reading is None or not self._reading.expired():
+                raise
+            raise KubernetesConnectionError(
+                f"nothing read for {self._idle:g}s (read-idle deadline)", idle=True
+            ) from None
+        finally:
+            self._reading = None
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self._reading is None:
+            self._timer = self._loop.call_at(now + self._idle, self._check)
+        elif now - self._read_started >= self._idle:
+            self._reading.reschedule(now)
+        else:
+            self._timer = self._loop.call_at(self._read_started + self._idle, self._check)

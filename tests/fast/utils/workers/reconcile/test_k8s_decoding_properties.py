@@ -9,6 +9,7 @@ import contextlib
 import gc
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -257,3 +258,83 @@ def test_watch_lines_decode_with_the_collector_paused_up_to_the_first_bad_line(
     assert isinstance(failure, FrameDecodeError)
     assert len(seen) == 3
     assert not any(seen)
+
+
+RECORDED = Path(__file__).parent / "wire"
+awkward_text = st.lists(
+    st.sampled_from(['"', "\\", "]", "[", "}", "{", ",", ":", "a", "é", ',"managedFields":[']),
+    max_size=8,
+).map("".join)
+
+
+@st.composite
+def pods_with_awkward_strings(draw: st.DrawFn) -> Any:
+    """A realistic pod whose annotation, label and managed-fields trie key hold brackets, quotes,
+    backslashes and the cut's own opening; sometimes a second pod's worth of managed fields, or
+    none."""
+    pod = realistic_pod("p", resource_version="7")
+    meta = pod["metadata"]
+    meta["annotations"]["miles.io/awkward"] = draw(awkward_text)
+    meta["labels"]["miles.io/awkward"] = draw(awkward_text)
+    entry = meta["managedFields"][0]["fieldsV1"]["f:metadata"]
+    entry[f"v:{json.dumps(draw(awkward_text))}"] = {}
+    if draw(st.booleans()):
+        del meta["managedFields"]
+    return pod
+
+
+def _uncut(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(k8s_wire, "without_managed_fields", lambda data, **_: data)
+
+
+@given(st.one_of(pods_with_awkward_strings(), mutated_pods()))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_cutting_managed_fields_never_changes_what_a_line_decodes_to(pod: Any) -> None:
+    """Row "managedFields cut before decoding": whatever a pod's strings hold, and whatever
+    replaced its managed fields, its watch line decodes to what the whole line decodes to."""
+    line = frame("MODIFIED", pod).strip()
+    cut = _decode_or_documented_error(line)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _uncut(monkeypatch)
+        whole = _decode_or_documented_error(line)
+    assert repr(cut) == repr(whole)
+
+
+def test_the_cut_removes_exactly_each_pods_managed_fields_from_recorded_bytes() -> None:
+    """On bytes a 1.36 apiserver wrote (``wire/``): a LIST body and each watch line, cut, read as
+    the same JSON with every ``metadata.managedFields`` removed, and nothing else."""
+    samples = [(RECORDED / "list.json").read_bytes()]
+    samples += (RECORDED / "watch.jsonl").read_bytes().splitlines()
+    cut_any = False
+    for data in samples:
+        expected = json.loads(data)
+        for pod in expected.get("items") or [expected.get("object") or {}]:
+            cut_any |= pod.get("metadata", {}).pop("managedFields", None) is not None
+        assert json.loads(k8s_wire.without_managed_fields(data)) == expected
+    assert cut_any
+
+
+def test_a_cut_inside_a_string_falls_back_to_the_whole_line() -> None:
+    """A trie key that quotes a value holding ``]`` ends the cut inside that string; the cut data
+    does not parse, and the line decodes whole."""
+    pod = realistic_pod("p", resource_version="7")
+    pod["metadata"]["managedFields"][0]["fieldsV1"]["f:metadata"]['v:"x]y"'] = {}
+    line = frame("ADDED", pod).strip()
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(k8s_wire.without_managed_fields(line))
+    event = decode_watch_line(line)
+    assert event.pod is not None
+    assert event.pod.metadata.labels == pod["metadata"]["labels"]
+
+
+def test_a_list_of_pods_with_and_without_managed_fields_decodes_as_uncut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pods = [realistic_pod(f"p-{i}", resource_version=str(i)) for i in range(4)]
+    del pods[1]["metadata"]["managedFields"]
+    pods[2]["metadata"]["annotations"]["note"] = ',"managedFields":[]'
+    body = list_body(pods, "9")
+    assert k8s_wire.without_managed_fields(body) != body
+    cut = decode_pod_list(body)
+    _uncut(monkeypatch)
+    assert decode_pod_list(body) == cut
