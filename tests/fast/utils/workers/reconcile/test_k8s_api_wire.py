@@ -871,7 +871,7 @@ def test_a_refusal_wrapped_in_another_exception_keeps_the_cursor() -> None:
 
 
 async def test_a_steady_watch_leaves_no_collector_tracked_object_per_event() -> None:
-    """Row "Collector-tracked objects per WATCH event": once every pod has been replaced, a WATCH
+    """Row "What the collector costs per WATCH event": once every pod has been replaced, a WATCH
     through the whole pipeline (this API, the reflector, the loop, a reconcile that reads its
     parent) leaves no more live objects that the cyclic collector tracks than it found, cyclic
     garbage included (the collector is off meanwhile). One kept per event would be a leak that
@@ -924,7 +924,7 @@ async def test_a_steady_watch_leaves_no_collector_tracked_object_per_event() -> 
             finally:
                 gc.enable()
     # Not zero: the events of the last read, superseded copies of pods included, are alive until
-    # the next read, and a read brings up to some twenty frames here (0 to 1,000 objects).
+    # the next read, which brings up to some twenty frames here (-656 to +1,000 objects measured).
     assert grown < measured / 2, f"{grown} tracked objects more after {measured} events"
 
 

@@ -270,8 +270,7 @@ awkward_text = st.lists(
 @st.composite
 def pods_with_awkward_strings(draw: st.DrawFn) -> Any:
     """A realistic pod whose annotation, label and managed-fields trie key hold brackets, quotes,
-    backslashes and the cut's own opening; sometimes a second pod's worth of managed fields, or
-    none."""
+    backslashes and the cut's own opening; sometimes with no managed fields at all."""
     pod = realistic_pod("p", resource_version="7")
     meta = pod["metadata"]
     meta["annotations"]["miles.io/awkward"] = draw(awkward_text)
@@ -290,7 +289,7 @@ def _uncut(monkeypatch: pytest.MonkeyPatch) -> None:
 @given(st.one_of(pods_with_awkward_strings(), mutated_pods()))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_cutting_managed_fields_never_changes_what_a_line_decodes_to(pod: Any) -> None:
-    """Row "managedFields cut before decoding": whatever a pod's strings hold, and whatever
+    """Row "Decode only what is read": whatever a pod's strings hold, and whatever
     replaced its managed fields, its watch line decodes to what the whole line decodes to."""
     line = frame("MODIFIED", pod).strip()
     cut = _decode_or_documented_error(line)
@@ -330,6 +329,8 @@ def test_a_cut_inside_a_string_falls_back_to_the_whole_line() -> None:
 def test_a_list_of_pods_with_and_without_managed_fields_decodes_as_uncut(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Each item of a page is cut on its own: one without managed fields, and one whose annotation
+    holds the cut's opening (escaped in the JSON), leave their neighbours' cuts exact."""
     pods = [realistic_pod(f"p-{i}", resource_version=str(i)) for i in range(4)]
     del pods[1]["metadata"]["managedFields"]
     pods[2]["metadata"]["annotations"]["note"] = ',"managedFields":[]'
