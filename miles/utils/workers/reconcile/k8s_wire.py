@@ -8,7 +8,7 @@ Decoding is two functions, ``decode_pod_list`` and ``decode_watch_line``, plus `
 frame a byte stream. They raise only ``FrameDecodeError`` (a ``ValueError``), whatever the bytes:
 see its docstring for what a caller may rely on. Both cut each pod's ``managedFields`` out of the
 bytes before validating them (``without_managed_fields``), and validate the bytes whole where the
-cut leaves them unreadable.
+cut ones do not validate.
 
 ``decode_pod_list`` pauses the cyclic garbage collector while it runs (``gc_pause.COLLECTOR``):
 validating a page builds hundreds of thousands of acyclic objects, each allocation counts toward a
@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -339,13 +339,27 @@ def decode_pod_list(body: bytes) -> tuple[PodListPage, list[FrameDecodeError]]:
     """A LIST body as a page, plus one error per item that is not a valid pod (left out)."""
     with COLLECTOR.held():
         try:
-            page = _PodList.model_validate_json(without_managed_fields(body))
+            page = _validated(_PodList.model_validate_json, body)
         except ValidationError:
             return _decode_pod_list_item_by_item(body)
     return _page(page.items, page.metadata), []
 
 
 _MANAGED_FIELDS = b',"managedFields":['
+_Validated = TypeVar("_Validated")
+
+
+def _validated(
+    validate: Callable[[bytes], _Validated], data: bytes, *, most: int | None = None
+) -> _Validated:
+    """``validate`` over ``data`` without its managed fields, or, when that fails, as it came."""
+    cut = without_managed_fields(data, most=most)
+    if cut is not data:
+        try:
+            return validate(cut)
+        except ValidationError:
+            pass
+    return validate(data)
 
 
 def without_managed_fields(data: bytes, *, most: int | None = None) -> bytes:
@@ -436,7 +450,7 @@ def decode_watch_line(line: bytes) -> PodWatchEvent:
     ``kubernetes_asyncio`` reads it.
     """
     try:
-        frame = _validate_frame(line)
+        frame = _validated(_FRAME.validate_json, line, most=1)
     except ValidationError as err:
         return _decode_rejected_line(line, err)
     if isinstance(frame, _PodFrame):
@@ -444,17 +458,6 @@ def decode_watch_line(line: bytes) -> PodWatchEvent:
     if isinstance(frame, _BookmarkFrame):
         return PodWatchEvent.from_frame(event_type="BOOKMARK", obj=frame.object)
     return _error_event(frame.object)
-
-
-def _validate_frame(line: bytes) -> _PodFrame | _StatusFrame | _BookmarkFrame:
-    """The frame validated without its managed fields, or, when that fails, as it came."""
-    cut = without_managed_fields(line, most=1)
-    if cut is not line:
-        try:
-            return _FRAME.validate_json(cut)
-        except ValidationError:
-            pass
-    return _FRAME.validate_json(line)
 
 
 def _decode_rejected_line(line: bytes, err: ValidationError) -> PodWatchEvent:
@@ -532,8 +535,11 @@ async def iter_line_batches(
     before it; so does one that delivers nothing for ``idle_timeout`` seconds (``idle=True``).
     """
     buffer = bytearray()
-    with nullcontext() if idle_timeout is None else ReadIdleDeadline(idle_timeout) as deadline:
-        while chunk := await (content.readany() if deadline is None else deadline.read(content)):
+    guarded = (
+        nullcontext(content) if idle_timeout is None else ReadIdleDeadline(content, idle_timeout)
+    )
+    with guarded as stream:
+        while chunk := await stream.readany():
             scan_from = len(buffer)
             buffer += chunk
             start = 0
@@ -568,8 +574,8 @@ def decode_watch_lines(lines: list[bytes]) -> tuple[list[PodWatchEvent], FrameDe
 
 
 class ReadIdleDeadline:
-    """Ends a read of a stream that has waited ``idle`` seconds for bytes, with one timer for the
-    whole stream.
+    """``content`` read through a deadline: a read that has waited ``idle`` seconds for bytes ends,
+    with one timer for the whole stream.
 
     A read notes when it started and waits inside an ``asyncio.timeout`` with no deadline of its
     own; the one timer, armed for the ``with`` block, when it fires, expires the read that has
@@ -581,7 +587,8 @@ class ReadIdleDeadline:
     caller takes between reads is not silence.
     """
 
-    def __init__(self, idle: float) -> None:
+    def __init__(self, content: ByteStream, idle: float) -> None:
+        self._content = content
         self._idle = idle
         self._loop = asyncio.get_running_loop()
         self._read_started = 0.0
@@ -596,13 +603,14 @@ class ReadIdleDeadline:
         if self._timer is not None:
             self._timer.cancel()
 
-    async def read(self, content: ByteStream) -> bytes:
+    async def readany(self) -> bytes:
         self._read_started = self._loop.time()
+        reading = self._reading = asyncio.timeout(None)
         try:
-            async with asyncio.timeout(None) as self._reading:
-                return await content.readany()
+            async with reading:
+                return await self._content.readany()
         except TimeoutError:
-            if self._reading is None or not self._reading.expired():
+            if not reading.expired():
                 raise
             raise KubernetesConnectionError(
                 f"nothing read for {self._idle:g}s (read-idle deadline)", idle=True

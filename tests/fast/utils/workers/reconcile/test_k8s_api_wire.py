@@ -954,14 +954,14 @@ async def test_read_idle_deadline_counts_only_the_time_a_read_waits(
                 self.arrived = loop.create_future()
 
     content = Content()
-    with ReadIdleDeadline(10.0) as deadline:
-        first = asyncio.ensure_future(deadline.read(content))
+    with ReadIdleDeadline(content, 10.0) as stream:
+        first = asyncio.ensure_future(stream.readany())
         await settle()
         await passes(9.0)
         content.arrived.set_result(b"frame\n")
         assert await first == b"frame\n"
         await passes(30.0)
-        second = asyncio.ensure_future(deadline.read(content))
+        second = asyncio.ensure_future(stream.readany())
         await settle()
         await passes(9.0)
         assert not second.done()
