@@ -923,11 +923,19 @@ class DifferentialHarness:
 
     async def _compact_then_cut(self) -> float:
         """A real 410: make both cursors stale with writes they do not see, compact, cut, and
-        write what only a relist can bring."""
-        bystanders = await self._gather(self._create(selected=False) for _ in range(3))
-        await self._gather(self._mutate(OpKind.RELABEL, name) for name in bystanders)
-        revision = await asyncio.to_thread(self._plane.compact_etcd)
-        cut = self.proxy.cut()
+        write what only a relist can bring.
+
+        The proxy is silent from before the first write until the cut, so no event or bookmark
+        written meanwhile (the real node's kubelet updates the clients' pods at any time) can
+        carry a cursor past the compacted revision."""
+        self.proxy.go_silent()
+        try:
+            bystanders = await self._gather(self._create(selected=False) for _ in range(3))
+            await self._gather(self._mutate(OpKind.RELABEL, name) for name in bystanders)
+            revision = await asyncio.to_thread(self._plane.compact_etcd)
+            cut = self.proxy.cut()
+        finally:
+            self.proxy.resume()
         healed_at = time.monotonic()
         logger.warning("differential: compacted etcd to %d, cut %d connection(s)", revision, cut)
         await self._ops_during_fault(_IN_FAULT_OPS)
