@@ -9,7 +9,7 @@ The LIST is read in pages of 500, each body whole, and the WATCH opens at the LI
 resourceVersion with bookmarks, as ours does.
 
 Two more steps split ours's cost per event from outside (``WIRE_LEVELS``): ``wire-decode`` also
-decodes each line as ours does (``k8s_wire.decode_watch_lines``) and drops the pod;
+decodes each line as ours's steady WATCH does (``k8s_wire.decode_watch_line``) and drops the pod;
 ``wire-keep`` keeps it too, in a dict by name, so that the pods stay alive for the collector to
 walk, as a store's do.
 """
@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from bench.apiserver_proc import SELECTOR, AppliedEvents, first_resource_version
-from miles.utils.workers.reconcile.k8s_wire import decode_watch_lines
+from miles.utils.workers.reconcile.k8s_wire import FrameDecodeError, decode_watch_line
 
 PAGE_SIZE = 500
 _CONTINUE = re.compile(rb'"continue":"([^"]*)"')
@@ -88,8 +88,10 @@ class WireReader(AppliedEvents):
 
     def _note(self, line: bytes) -> None:
         if self._decodes:
-            events, _ = decode_watch_lines([line])
-            pod = events[0].pod if events else None
+            try:
+                pod = decode_watch_line(line).pod
+            except FrameDecodeError:
+                pod = None
             if self._keeps and pod is not None:
                 self._kept[pod.metadata.name] = pod
         if _POD_EVENT.match(line):

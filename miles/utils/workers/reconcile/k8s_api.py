@@ -41,7 +41,7 @@ from miles.utils.workers.reconcile.k8s_wire import (
     decode_pod_list,
     decode_status,
     decode_watch_line,
-    decode_watch_lines,
+    decode_watch_read,
     exception_keeps_cursor,
     exception_rejects_cursor,
     iter_line_batches,
@@ -342,13 +342,12 @@ class KubernetesAsyncioPodApi:
             try:
                 await _raise_for_status(resp)
                 lines = iter_line_batches(resp.content, idle_timeout=self._watch_idle_timeout)
+                listing = bool(options.get("send_initial_events"))
                 async with aclosing(lines):
                     async for batch in lines:
-                        events, failure = decode_watch_lines(batch)
-                        for event in events:
+                        for event in decode_watch_read(batch, listing=listing):
+                            listing = listing and not event.initial_events_end
                             yield event
-                        if failure is not None:
-                            raise failure
             finally:
                 resp.close()
 
