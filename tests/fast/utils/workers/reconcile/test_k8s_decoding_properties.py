@@ -261,6 +261,25 @@ def test_watch_lines_decode_with_the_collector_paused_up_to_the_first_bad_line(
     assert not any(seen)
 
 
+STEADY_PODS, STEADY_PER_READ, STEADY_READS = 200, 40, 100
+
+
+def steady_watch() -> tuple[dict[str, PodWatchEvent], list[list[bytes]]]:
+    """A store of 200 decoded pods, and 100 reads of 40 MODIFIED lines that replace them in turn."""
+    store = {
+        f"p{i}": decode_watch_line(frame("ADDED", realistic_pod(f"p{i}", resource_version="9")))
+        for i in range(STEADY_PODS)
+    }
+    reads = [
+        [
+            frame("MODIFIED", realistic_pod(f"p{n % STEADY_PODS}", resource_version=str(n))).strip()
+            for n in range(read * STEADY_PER_READ, (read + 1) * STEADY_PER_READ)
+        ]
+        for read in range(STEADY_READS)
+    ]
+    return store, reads
+
+
 @pytest.mark.parametrize(("listing", "least", "most"), [(False, 0, 1), (True, 50, 100)])
 def test_a_steady_watch_decoded_as_taken_keeps_the_collectors_count_down(
     listing: bool, least: int, most: int
@@ -272,18 +291,7 @@ def test_a_steady_watch_decoded_as_taken_keeps_the_collectors_count_down(
     of a streaming list's initial events), the count rises by 40 pods' worth before any copy is
     freed, past the threshold (700): a young collection for nearly every read (0 against 92,
     measured)."""
-    pods, per_read, reads = 200, 40, 100
-    store = {
-        f"p{i}": decode_watch_line(frame("ADDED", realistic_pod(f"p{i}", resource_version="9")))
-        for i in range(pods)
-    }
-    batches = [
-        [
-            frame("MODIFIED", realistic_pod(f"p{n % pods}", resource_version=str(n))).strip()
-            for n in range(read * per_read, (read + 1) * per_read)
-        ]
-        for read in range(reads)
-    ]
+    store, batches = steady_watch()
     assert gc.isenabled()
     gc.collect()
     before = gc.get_stats()[0]["collections"]
@@ -293,7 +301,7 @@ def test_a_steady_watch_decoded_as_taken_keeps_the_collectors_count_down(
             store[event.pod.metadata.name] = event
         del event
     young = gc.get_stats()[0]["collections"] - before
-    assert least <= young <= most, f"{young} young collections in {reads} reads"
+    assert least <= young <= most, f"{young} young collections in {len(batches)} reads"
 
 
 def test_cyclic_garbage_made_beside_a_steady_watch_is_still_collected() -> None:
@@ -305,18 +313,7 @@ def test_cyclic_garbage_made_beside_a_steady_watch_is_still_collected() -> None:
         def __init__(self) -> None:
             self.me = self
 
-    pods, per_read, reads = 200, 40, 100
-    store = {
-        f"p{i}": decode_watch_line(frame("ADDED", realistic_pod(f"p{i}", resource_version="9")))
-        for i in range(pods)
-    }
-    batches = [
-        [
-            frame("MODIFIED", realistic_pod(f"p{n % pods}", resource_version=str(n))).strip()
-            for n in range(read * per_read, (read + 1) * per_read)
-        ]
-        for read in range(reads)
-    ]
+    store, batches = steady_watch()
     made: list[weakref.ref[Cycle]] = []
     assert gc.isenabled()
     gc.collect()
