@@ -579,12 +579,9 @@ def decode_watch_read(lines: list[bytes], *, listing: bool) -> Iterator[PodWatch
 
     ``listing`` (a streaming list's initial events, many ADDED to a read, each kept): the read is
     decoded whole with the collector paused (``decode_watch_lines``). Otherwise each line is decoded
-    only once the caller has taken the event before it. A steady WATCH's MODIFIED pod replaces its
-    old copy once applied, so the collector's count of tracked objects (47 per pod) falls back after
-    each event; decoded a read ahead, it rises by 47 per event of the read first, and a read of 15
-    or more started a young collection every time (in memory, 10k stored pods and 16 MODIFIED
-    frames to a read: 1,141 young and 6 full collections in 20,000 events, 150 µs per event; one at
-    a time, none: row "What the collector costs per WATCH event" in docs/reconcile-loop.md)."""
+    only once the caller has taken the event before it, so that a MODIFIED pod's old copy is freed
+    before the next pod is built and the collector's count does not climb a read ahead (row "What
+    the collector costs per WATCH event" in docs/reconcile-loop.md)."""
     if listing:
         events, failure = decode_watch_lines(lines)
         yield from events

@@ -981,7 +981,7 @@ async def test_a_steady_watch_of_many_frames_to_a_read_starts_no_young_collectio
     """Row "What the collector costs per WATCH event", over a socket: MODIFIED frames forty to a
     write, each pod replacing its copy in a dict as a store does, with the collector on. Decoded a
     read ahead, a read's pods (47 tracked objects each) pushed the collector's count past its
-    threshold before any old copy was freed: 52 young collections (measured, before the change).
+    threshold before any old copy was freed: 52 young collections (measured with that decode).
     Decoded as they are taken, the count falls back after every event; what still comes (16) is the
     drift of the client stack's own allocations."""
     pods, per_read, reads = 200, 40, 100

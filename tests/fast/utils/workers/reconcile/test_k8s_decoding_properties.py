@@ -299,7 +299,6 @@ def test_a_steady_watch_decoded_as_taken_keeps_the_collectors_count_down(
         for event in k8s_wire.decode_watch_read(batch, listing=listing):
             assert event.pod is not None
             store[event.pod.metadata.name] = event
-        del event
     young = gc.get_stats()[0]["collections"] - before
     assert least <= young <= most, f"{young} young collections in {len(batches)} reads"
 
@@ -322,7 +321,6 @@ def test_cyclic_garbage_made_beside_a_steady_watch_is_still_collected() -> None:
             assert event.pod is not None
             store[event.pod.metadata.name] = event
             made.append(weakref.ref(Cycle()))
-        del event
     alive = sum(ref() is not None for ref in made)
     # At most the cycles made since the last young collection (700 tracked objects) are left.
     assert alive < len(made) / 4, f"{alive} of {len(made)} cycles alive"
