@@ -6,6 +6,7 @@ Run from the repository root::
     .venv/bin/python -m bench.apiserver --quick         # 1,000 pods over 100 parents, 1 round
     .venv/bin/python -m bench.apiserver --profile ours  # then one cProfiled run of ours
     .venv/bin/python -m bench.apiserver --growth 1000 10000 30000   # the sync at each size, a plot
+    .venv/bin/python -m bench.apiserver --instructions  # instructions per WATCH event (callgrind)
 
 It starts a local control plane (etcd plus a kube-apiserver with its watch cache on; or reuses
 ``MILES_K8S_KUBECONFIG``, e.g. one left running with ``MILES_K8S_KEEP=1``, whose seeded pods it
@@ -49,6 +50,9 @@ figure printed is the median over the rounds, and each ratio the median of per-r
   the reconcile of its parent starts. The compiled contenders have no controller, so no figure.
 
 ``--growth`` measures only the sync, at each pool size, and writes a plot of cost per pod.
+``--instructions`` measures only the WATCH phase of ours, kube-rs and the wire, each under
+valgrind's callgrind, as instructions per event (``bench/apiserver_callgrind.py``): a CPU figure
+the host's load does not move; its exit status is that target's.
 """
 
 from __future__ import annotations
@@ -63,22 +67,26 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.apiserver_callgrind import COUNTED, RATE, Callgrind, count, self_costs
 from bench.apiserver_kube_rs import ContenderUnavailable, ensure_kube_rs
 from bench.apiserver_measure import Env, Scenario, Values, measure_compiled, measure_python
 from bench.apiserver_proc import SELECTOR
 from bench.apiserver_report import (
+    INSTRUCTION_TARGETS,
     TITLES,
     Results,
     check_targets,
     fmt,
     plot_growth,
-    print_cpu_rounds,
     print_growth,
+    print_missed,
     print_notes,
+    print_rounds,
+    print_shares,
     print_table,
 )
 from bench.apiserver_seed import namespace_for
@@ -86,9 +94,11 @@ from bench.apiserver_wire import WIRE_LEVELS
 
 CONTENDERS = ("ours", "ka", "go", "kube-rs", "ours-stream", "go-stream", *WIRE_LEVELS)
 DEFAULT_CONTENDERS = ("ours", "ka", "go", "kube-rs", "wire")
+COUNTED_DEFAULT = ("ours", "kube-rs", "wire")
 COMPILED = ("go", "kube-rs", "go-stream")
 PAGE_SIZE = 500
 DEFAULT_PLOT = Path("docs") / "apiserver-growth.png"
+NOT_COUNTED = "it cannot say it holds a resourceVersion without being polled, inside the window"
 _CONTINUE = re.compile(rb'"continue":"([^"]*)"')
 
 
@@ -99,13 +109,9 @@ def _progress(message: str) -> None:
 async def measure(
     name: str, env: Env, scenario: Scenario, args: argparse.Namespace, seed: int
 ) -> Values:
-    try:
-        if name in COMPILED:
-            return await measure_compiled(name, env, scenario, args, seed)
-        return await measure_python(name, env, scenario, args, seed)
-    finally:
-        if env.compact is not None:
-            env.compact()
+    if name in COMPILED:
+        return await measure_compiled(name, env, scenario, args, seed)
+    return await measure_python(name, env, scenario, args, seed)
 
 
 # --- the apiserver's state ------------------------------------------------------------------------
@@ -198,15 +204,30 @@ async def floors(env: Env, namespace: str) -> Values:
 # --- runs -----------------------------------------------------------------------------------------
 
 
+Measure = Callable[[str, Env, Scenario, argparse.Namespace, int], Awaitable[Values]]
+
+
 async def run_rounds(
-    env: Env, scenario: Scenario, args: argparse.Namespace, contenders: Sequence[str]
+    env: Env,
+    scenario: Scenario,
+    args: argparse.Namespace,
+    contenders: Sequence[str],
+    measure_one: Measure = measure,
+    *,
+    with_floor: bool = True,
 ) -> Results:
     results = Results()
     for index in range(args.rounds):
-        measured: dict[str, Values] = {"floor": await floors(env, scenario.namespace)}
+        measured: dict[str, Values] = {}
+        if with_floor:
+            measured["floor"] = await floors(env, scenario.namespace)
         shift = index % len(contenders)
         for offset, name in enumerate([*contenders[shift:], *contenders[:shift]]):
-            measured[name] = await measure(name, env, scenario, args, seed=index * 10 + offset)
+            try:
+                measured[name] = await measure_one(name, env, scenario, args, index * 10 + offset)
+            finally:
+                if env.compact is not None:
+                    env.compact()
             _progress(
                 f"{scenario.pods} pods, round {index + 1}, {TITLES[name]}: {_short(measured[name])}"
             )
@@ -230,7 +251,7 @@ async def bench(
         f"{scenario.pods} pods ({context['pod_bytes']:.0f} B of JSON each) over {scenario.parents}"
         f" parents, {len(results.rounds)} round(s), medians; ratios: > 1 means ours is better",
     )
-    print_cpu_rounds(results)
+    print_rounds(results, "cpu_per_event", "CPU per WATCH event by round (us), unpolled window")
     met = check_targets(results, skipped)
     print_notes(results, context)
     if args.json:
@@ -244,6 +265,44 @@ async def bench(
         _progress(f"profiling {args.profile} (one extra run)")
         await measure_python(args.profile, env, scenario, args, seed=999, profile=prefix)
         print_profile(prefix, args.profile_top)
+    return met
+
+
+async def count_instructions(
+    env: Env, args: argparse.Namespace, contenders: Sequence[str], skipped: dict[str, str]
+) -> bool:
+    """``--instructions``: the WATCH phase of each contender under callgrind, counted."""
+    cg = Callgrind.find(env.logs)
+    scenario, context = await prepare(env, args.pods, args.parents)
+    _progress(
+        f"{scenario.pods} pods ready; counting instructions under callgrind, the writer at"
+        f" {args.writer_rate:g} patches/s for {args.watch_seconds:g} s (profiles in {env.logs})"
+    )
+
+    last_dump: dict[str, Path] = {}
+
+    async def counted(
+        name: str, env: Env, scenario: Scenario, args: argparse.Namespace, seed: int
+    ) -> Values:
+        last_dump[name] = cg.window_dump(name, seed)
+        return await count(name, env, scenario, args, seed, cg)
+
+    results = await run_rounds(env, scenario, args, contenders, counted, with_floor=False)
+    print_rounds(
+        results,
+        "instructions_per_event",
+        "instructions per WATCH event by round (thousands; callgrind, user space, all threads)",
+    )
+    met = check_targets(results, skipped, INSTRUCTION_TARGETS)
+    shares = {}
+    for name, dump in last_dump.items():
+        with contextlib.suppress(OSError), dump.open() as lines:
+            shares[name] = self_costs(lines)
+    print_shares(shares, args.profile_top)
+    print_missed(results)
+    if args.json:
+        rounds = results.rounds
+        print(json.dumps({"args": vars(args), "context": context, "rounds": rounds}, default=str))
     return met
 
 
@@ -275,7 +334,15 @@ def print_profile(prefix: str, top: int) -> None:
 
 
 def _short(values: Values) -> str:
-    keys = ("sync_s", "sync_cpu_s", "rss_per_pod", "apiserver_cpu_s", "cpu_per_event", "lag_p99")
+    keys = (
+        "sync_s",
+        "sync_cpu_s",
+        "rss_per_pod",
+        "apiserver_cpu_s",
+        "cpu_per_event",
+        "lag_p99",
+        "instructions_per_event",
+    )
     return ", ".join(f"{k}={fmt(values[k])}" for k in keys if values.get(k) is not None)
 
 
@@ -391,10 +458,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--contenders",
         nargs="+",
         choices=CONTENDERS,
-        default=list(DEFAULT_CONTENDERS),
-        help="ours-stream / go-stream: ours / client-go listing by a streaming list (not"
-        " default); wire: the same LIST and WATCH read raw, decoding nothing; wire-decode /"
-        " wire-keep: also decoding each WATCH line / and keeping its pod (not default)",
+        default=None,
+        help=f"default {' '.join(DEFAULT_CONTENDERS)}"
+        f" (--instructions: {' '.join(COUNTED_DEFAULT)}); ours-stream / go-stream: ours /"
+        " client-go listing by a streaming list (not default); wire: the same LIST and WATCH"
+        " read raw, decoding nothing; wire-decode / wire-keep: also decoding each WATCH line /"
+        " and keeping its pod (not default)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 pods, one round")
     parser.add_argument(
@@ -407,6 +476,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-top", type=int, default=25)
     parser.add_argument("--logs", type=Path, default=None, help="folder for child logs")
     parser.add_argument("--json", action="store_true", help="also print every round as JSON")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count each contender's instructions per WATCH event under callgrind instead"
+        f" (the writer at {RATE:g} patches/s unless --writer-rate)",
+    )
     args = parser.parse_args(argv)
     if any(
         n <= 0 for n in [*(args.growth or ()), args.pods or 1, args.rounds or 1, args.parents or 1]
@@ -416,6 +491,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.parents = args.parents or (1000 if args.growth else max(args.pods // 10, 1))
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.watch_seconds = args.watch_seconds or (3.0 if args.quick else 8.0)
+    if args.instructions:
+        args.writer_rate = args.writer_rate or RATE
+    args.contenders = args.contenders or list(
+        COUNTED_DEFAULT if args.instructions else DEFAULT_CONTENDERS
+    )
     return args
 
 
@@ -428,6 +508,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     _progress(f"child logs in {logs}")
     binaries, skipped = build_compiled(args.contenders, EnvSettings.from_env())
+    if args.instructions:
+        skipped.update(
+            {name: "not counted: " + NOT_COUNTED for name in args.contenders if name not in COUNTED}
+        )
     for name, why in skipped.items():
         print(f"{TITLES[name]}: skipped: {why}", flush=True)
     contenders = [name for name in args.contenders if name not in skipped]
@@ -438,8 +522,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.growth:
                 asyncio.run(growth(env, args, contenders))
                 return
-            met = asyncio.run(bench(env, args, contenders, skipped))
-    except K8sTestEnvError as err:
+            run = count_instructions if args.instructions else bench
+            met = asyncio.run(run(env, args, contenders, skipped))
+    except (K8sTestEnvError, ContenderUnavailable) as err:
         sys.exit(f"bench.apiserver: {err}")
     sys.exit(0 if met else 1)
 

@@ -11,7 +11,10 @@ reconcile; only the source differs: ``KubernetesReflector`` over ``KubernetesAsy
 2. on ``mark`` (the writer is about to start): ``marked``, the CPU clock reset;
 3. on ``drain <rv>``: once an event with resourceVersion >= rv has been applied (or after
    ``--drain-timeout``), ``drained`` with every applied (rv, stamp), every dispatch latency, and the
-   CPU seconds used since ``mark``.
+   CPU seconds used since ``mark``;
+4. on ``wait <rv>``: the same wait, then ``caught-up`` with the highest resourceVersion applied and
+   nothing else, so that a count of the contender's instructions can end right after it
+   (``bench/apiserver_callgrind.py``).
 """
 
 from __future__ import annotations
@@ -299,6 +302,9 @@ async def follow_commands(
                     "rss": rss,
                 }
             )
+        elif command == "wait":
+            await recorder.wait_for_rv(int(rest[0]), args.drain_timeout)
+            emit({"phase": "caught-up", "rv": recorder.max_rv})
         elif command == "quit":
             return
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.apiserver_oracle import Oracle, baseline_rss, oracle_process
-from bench.apiserver_proc import REPO_ROOT, child_argv, cpu_seconds, rss_bytes
+from bench.apiserver_proc import REPO_ROOT, KernelShare, child_argv, cpu_seconds, rss_bytes
 
 LINE_LIMIT = 256 * 2**20
 SYNC_TIMEOUT = 600.0
@@ -95,9 +95,13 @@ class Child:
 
 
 @contextlib.asynccontextmanager
-async def child(module: str, args: Sequence[str], *, log: Path) -> AsyncIterator[Child]:
+async def child(
+    module: str, args: Sequence[str], *, log: Path, wrapper: Sequence[str] = ()
+) -> AsyncIterator[Child]:
+    """``wrapper``: a command the child runs under (``bench/apiserver_callgrind.py``)."""
     with log.open("ab") as stderr:
         process = await asyncio.create_subprocess_exec(
+            *wrapper,
             *child_argv(module, *args),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -229,6 +233,18 @@ def stamps_from_polls(writer: WriterRun, polls: Sequence[tuple[float, int]]) -> 
 # --- the Python contenders ------------------------------------------------------------------------
 
 
+def python_contender_args(
+    name: str, env: Env, scenario: Scenario, args: argparse.Namespace
+) -> list[str]:
+    return [
+        f"--contender={name}",
+        f"--kubeconfig={env.kubeconfig}",
+        f"--namespace={scenario.namespace}",
+        f"--parents={scenario.parents}",
+        f"--drain-timeout={args.drain_timeout}",
+    ]
+
+
 async def measure_python(
     name: str,
     env: Env,
@@ -237,13 +253,7 @@ async def measure_python(
     seed: int,
     profile: str | None = None,
 ) -> Values:
-    contender_args = [
-        f"--contender={name}",
-        f"--kubeconfig={env.kubeconfig}",
-        f"--namespace={scenario.namespace}",
-        f"--parents={scenario.parents}",
-        f"--drain-timeout={args.drain_timeout}",
-    ]
+    contender_args = python_contender_args(name, env, scenario, args)
     if profile is not None:
         contender_args.append(f"--profile={profile}")
     load = ApiserverLoad(env.apiserver_pid)
@@ -256,7 +266,11 @@ async def measure_python(
             async with ready_writer(env, scenario, args, seed) as writer:
                 await proc.send("mark")
                 await proc.read("marked", 30.0)
+                kernel = KernelShare(proc.process.pid)
                 written = await run_writer(writer, args)
+            await proc.send(f"wait {written.last_rv}")
+            await proc.read("caught-up", args.drain_timeout + 60.0)
+            values["kernel_share"] = kernel.share()
             await proc.send(f"drain {written.last_rv}")
             drained = await proc.read("drained", args.drain_timeout + 60.0)
         await proc.send("quit")
@@ -326,6 +340,7 @@ async def _unpolled_watch(
 ) -> Values:
     async with ready_writer(env, scenario, args, seed) as writer:
         cpu_before = cpu_seconds(oracle.pid)
+        kernel = KernelShare(oracle.pid)
         written = await run_writer(writer, args)
     if name == "kube-rs":
         await oracle.wait_for_rv(written.last_rv, args.drain_timeout)
@@ -333,6 +348,7 @@ async def _unpolled_watch(
     else:
         requests = await _settle(oracle, written.last_rv, args.drain_timeout)
     values = per_event(cpu_seconds(oracle.pid) - cpu_before, written)
+    values["kernel_share"] = kernel.share()
     values["settle_requests"] = float(requests)
     if name == "kube-rs":
         values.update(ingestion(written, dict(await oracle.applied())))

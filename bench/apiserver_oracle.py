@@ -120,9 +120,12 @@ async def oracle_process(
     selector: str = SELECTOR,
     log: Path,
     flags: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
 ) -> AsyncIterator[Oracle]:
+    """``wrapper``: a command the oracle runs under (``bench/apiserver_callgrind.py``)."""
     with log.open("ab") as stderr:
         process = await asyncio.create_subprocess_exec(
+            *wrapper,
             str(binary),
             f"--kubeconfig={kubeconfig}",
             f"--namespace={namespace}",

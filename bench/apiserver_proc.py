@@ -53,9 +53,29 @@ def cpu_seconds(pid: int | str = "self") -> float:
 
 
 def _tick_seconds(pid: int | str) -> float:
+    return sum(user_and_system_seconds(pid))
+
+
+def user_and_system_seconds(pid: int | str = "self") -> tuple[float, float]:
+    """``stat``'s user and system time of a process, all its threads, in clock ticks (10 ms)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+    return int(fields[11]) / _CLOCK_TICKS, int(fields[12]) / _CLOCK_TICKS
+
+
+class KernelShare:
+    """The share of a process's CPU spent in the kernel over a window, from ``stat``'s ticks."""
+
+    def __init__(self, pid: int) -> None:
+        self._pid = pid
+        self._start = user_and_system_seconds(pid)
+
+    def share(self) -> float | None:
+        user, system = (
+            now - then
+            for now, then in zip(user_and_system_seconds(self._pid), self._start, strict=True)
+        )
+        return system / (user + system) if user + system > 0 else None
 
 
 def emit(message: dict[str, Any]) -> None:

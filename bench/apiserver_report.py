@@ -7,6 +7,7 @@ noisy round moves neither side; a ratio above 1 means ours is better.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ COLUMNS = {
     "wire-keep": "wire-keep",
 }
 PEERS = tuple(name for name in COLUMNS if name != "ours")
+SHARE_SHOWN = 0.001
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ METRICS: dict[str, Metric] = {
     "lag_p50": Metric("WATCH lag behind the apiserver, median", "ms", 1e3, False),
     "lag_p99": Metric("WATCH lag behind the apiserver, p99", "ms", 1e3, False),
     "cpu_per_event": Metric("contender CPU per WATCH event", "us", 1e6, False),
+    "kernel_share": Metric("  share of it in the kernel (stat's ticks)", "%", 100.0, False),
+    "instructions_per_event": Metric("instructions per WATCH event", "k", 1e-3, False),
     "dispatch_p50": Metric("reconcile dispatch latency, median", "us", 1e6, False),
     "dispatch_p99": Metric("reconcile dispatch latency, p99", "us", 1e6, False),
     "writer_rate": Metric("writer: patches acknowledged per second", "ev/s", 1.0, True),
@@ -90,6 +94,9 @@ TARGETS = (
     Target("lag_p99", ("go",), 1.0, "no more than client-go's"),
     Target("rss_per_pod", ("go",), 2.0, "at most half of client-go's"),
     Target("events_per_s", ("go",), 0.5, ">= half of client-go's rate"),
+)
+INSTRUCTION_TARGETS = (
+    Target("instructions_per_event", ("kube-rs",), 1.0, "no more than kube-rs's"),
 )
 
 
@@ -147,11 +154,13 @@ def print_table(results: Results, title: str) -> None:
         print(f"{metric.name:42} {metric.unit:>5}{cells}{ratios}")
 
 
-def check_targets(results: Results, skipped: dict[str, str]) -> bool:
+def check_targets(
+    results: Results, skipped: dict[str, str], targets: Sequence[Target] = TARGETS
+) -> bool:
     """Prints each target's ratio and verdict; False when a target that could be judged missed."""
     print("\ntargets (ratios within each round, median over rounds):")
     met = True
-    for target in TARGETS:
+    for target in targets:
         ratio = results.advantage(target.metric, target.others)
         name = METRICS[target.metric].name.strip()
         against = " / ".join(TITLES[o] for o in target.others)
@@ -171,23 +180,32 @@ def check_targets(results: Results, skipped: dict[str, str]) -> bool:
     return met
 
 
-def print_cpu_rounds(results: Results) -> None:
-    """The CPU per WATCH event of every round, and its spread (max/min - 1) per contender."""
-    names = [n for n in present_contenders(results) if results.median(n, "cpu_per_event")]
+def print_rounds(results: Results, key: str, title: str) -> None:
+    """One figure in every round, and its spread (max/min - 1) per contender."""
+    names = [n for n in present_contenders(results) if results.median(n, key)]
     if not names:
         return
-    print("\nCPU per WATCH event by round (us), unpolled window:")
+    scale = METRICS[key].scale
+    print(f"\n{title}:")
     print(f"  {'round':>5}" + "".join(f" {COLUMNS[n]:>11}" for n in names))
     for index in range(len(results.rounds)):
-        cells = "".join(
-            f" {fmt(results.per_round(n, 'cpu_per_event')[index], 1e6):>11}" for n in names
-        )
+        cells = "".join(f" {fmt(results.per_round(n, key)[index], scale):>11}" for n in names)
         print(f"  {index + 1:>5}{cells}")
     spreads = []
     for n in names:
-        runs = [v for v in results.per_round(n, "cpu_per_event") if v]
+        runs = [v for v in results.per_round(n, key) if v]
         spreads.append(f"{(max(runs) / min(runs) - 1) * 100:.0f}%" if len(runs) > 1 else "-")
     print(f"  {'spread':>5}" + "".join(f" {s:>11}" for s in spreads))
+
+
+def print_shares(costs: dict[str, Counter[str]], top: int) -> None:
+    """Where each contender's counted instructions went (``bench/apiserver_callgrind.py``)."""
+    for name, where in costs.items():
+        total = sum(where.values()) or 1
+        print(f"\nwhere {TITLES[name]}'s instructions went in its last window (self cost):")
+        for place, instructions in where.most_common(top):
+            if instructions / total >= SHARE_SHOWN:
+                print(f"  {instructions / total:6.1%}  {place}")
 
 
 def print_notes(results: Results, context: dict[str, Any]) -> None:
@@ -207,6 +225,10 @@ def print_notes(results: Results, context: dict[str, Any]) -> None:
             f" the writer); its lag and rate come from a second phase polled every"
             f" {poll * 1e3:.1f} ms, so they are upper bounds, late by up to one interval."
         )
+    print_missed(results)
+
+
+def print_missed(results: Results) -> None:
     for index, measured in enumerate(results.rounds, start=1):
         for name, values in measured.items():
             missed = values.get("missed_events")
