@@ -48,6 +48,8 @@ class Metric:
     unit: str
     scale: float
     higher_is_better: bool
+    compared: bool = True
+    """False: a description of a contender (a share), not a cost to take ratios of."""
 
 
 METRICS: dict[str, Metric] = {
@@ -61,7 +63,7 @@ METRICS: dict[str, Metric] = {
     "lag_p50": Metric("WATCH lag behind the apiserver, median", "ms", 1e3, False),
     "lag_p99": Metric("WATCH lag behind the apiserver, p99", "ms", 1e3, False),
     "cpu_per_event": Metric("contender CPU per WATCH event", "us", 1e6, False),
-    "kernel_share": Metric("  share of it in the kernel (stat's ticks)", "%", 100.0, False),
+    "kernel_share": Metric("  share of it in the kernel (stat's ticks)", "%", 100.0, False, False),
     "instructions_per_event": Metric("instructions per WATCH event", "k", 1e-3, False),
     "dispatch_p50": Metric("reconcile dispatch latency, median", "us", 1e6, False),
     "dispatch_p99": Metric("reconcile dispatch latency, p99", "us", 1e6, False),
@@ -150,7 +152,9 @@ def print_table(results: Results, title: str) -> None:
         if all(results.median(n, key) is None for n in names):
             continue
         cells = "".join(f" {fmt(results.median(n, key), metric.scale):>11}" for n in names)
-        ratios = "".join(f" {fmt(results.advantage(key, (p,))):>20}" for p in peers)
+        ratios = "".join(
+            f" {fmt(results.advantage(key, (p,)) if metric.compared else None):>20}" for p in peers
+        )
         print(f"{metric.name:42} {metric.unit:>5}{cells}{ratios}")
 
 
