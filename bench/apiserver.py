@@ -71,7 +71,14 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.apiserver_callgrind import COUNTED, RATE, Callgrind, count, self_costs
+from bench.apiserver_callgrind import (
+    COUNTED,
+    NOT_COUNTED,
+    RATE,
+    Callgrind,
+    count,
+    self_costs,
+)
 from bench.apiserver_kube_rs import ContenderUnavailable, ensure_kube_rs
 from bench.apiserver_measure import Env, Scenario, Values, measure_compiled, measure_python
 from bench.apiserver_proc import SELECTOR
@@ -98,7 +105,6 @@ COUNTED_DEFAULT = ("ours", "kube-rs", "wire")
 COMPILED = ("go", "kube-rs", "go-stream")
 PAGE_SIZE = 500
 DEFAULT_PLOT = Path("docs") / "apiserver-growth.png"
-NOT_COUNTED = "it cannot say it holds a resourceVersion without being polled, inside the window"
 _CONTINUE = re.compile(rb'"continue":"([^"]*)"')
 
 
@@ -507,11 +513,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     logs = args.logs or Path(tempfile.mkdtemp(prefix="miles-bench-apiserver-"))
     logs.mkdir(parents=True, exist_ok=True)
     _progress(f"child logs in {logs}")
-    binaries, skipped = build_compiled(args.contenders, EnvSettings.from_env())
-    if args.instructions:
-        skipped.update(
-            {name: "not counted: " + NOT_COUNTED for name in args.contenders if name not in COUNTED}
-        )
+    skipped = {
+        name: "not counted: " + NOT_COUNTED
+        for name in args.contenders
+        if args.instructions and name not in COUNTED
+    }
+    binaries, unbuilt = build_compiled(
+        [name for name in args.contenders if name not in skipped], EnvSettings.from_env()
+    )
+    skipped.update(unbuilt)
     for name, why in skipped.items():
         print(f"{TITLES[name]}: skipped: {why}", flush=True)
     contenders = [name for name in args.contenders if name not in skipped]

@@ -37,13 +37,15 @@ from bench.apiserver_measure import (
     python_contender_args,
     ready_writer,
     run_writer,
+    write_and_catch_up,
 )
 from bench.apiserver_oracle import oracle_process
 
 RATE = 40.0
 """Writer patches per second while counting: each event its own read, for every contender."""
 COUNTED = ("ours", "ours-stream", "ka", "kube-rs", "wire", "wire-decode", "wire-keep")
-"""client-go is not counted: it cannot say it holds a resourceVersion without being polled."""
+NOT_COUNTED = "it cannot say it holds a resourceVersion without being polled, inside the window"
+"""Why client-go is not in ``COUNTED``."""
 CONTROL_TIMEOUT = 60.0
 _TOTALS = re.compile(rb"^totals:\s+(\d+)", re.MULTILINE)
 _NAMED = re.compile(r"^\((\d+)\)(?: (.*))?$")
@@ -184,11 +186,9 @@ async def count_python(
             await proc.send("mark")
             await proc.read("marked", CONTROL_TIMEOUT)
             async with cg.counting(proc.process.pid, cg.window_dump(name, seed)) as count:
-                written = await run_writer(writer, args)
-                await proc.send(f"wait {written.last_rv}")
-                caught_up = await proc.read("caught-up", args.drain_timeout + CONTROL_TIMEOUT)
+                written, applied_rv = await write_and_catch_up(proc, writer, args)
         await proc.send("quit")
-    return counted(count, written, int(caught_up["rv"]))
+    return counted(count, written, applied_rv)
 
 
 async def count_compiled(

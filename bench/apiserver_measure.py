@@ -233,6 +233,17 @@ def stamps_from_polls(writer: WriterRun, polls: Sequence[tuple[float, int]]) -> 
 # --- the Python contenders ------------------------------------------------------------------------
 
 
+async def write_and_catch_up(
+    proc: Child, writer: Child, args: argparse.Namespace
+) -> tuple[WriterRun, int]:
+    """The writer's run, then one ``wait`` until the contender holds its last resourceVersion:
+    the highest one it applied."""
+    written = await run_writer(writer, args)
+    await proc.send(f"wait {written.last_rv}")
+    caught_up = await proc.read("caught-up", args.drain_timeout + 60.0)
+    return written, int(caught_up["rv"])
+
+
 def python_contender_args(
     name: str, env: Env, scenario: Scenario, args: argparse.Namespace
 ) -> list[str]:
@@ -267,9 +278,7 @@ async def measure_python(
                 await proc.send("mark")
                 await proc.read("marked", 30.0)
                 kernel = KernelShare(proc.process.pid)
-                written = await run_writer(writer, args)
-            await proc.send(f"wait {written.last_rv}")
-            await proc.read("caught-up", args.drain_timeout + 60.0)
+                written, _ = await write_and_catch_up(proc, writer, args)
             values["kernel_share"] = kernel.share()
             await proc.send(f"drain {written.last_rv}")
             drained = await proc.read("drained", args.drain_timeout + 60.0)

@@ -48,12 +48,8 @@ def cpu_seconds(pid: int | str = "self") -> float:
             total += int((thread / "schedstat").read_text().split()[0])
         except FileNotFoundError:
             if (thread / "stat").exists():
-                return _tick_seconds(pid)
+                return sum(user_and_system_seconds(pid))
     return total / 1e9
-
-
-def _tick_seconds(pid: int | str) -> float:
-    return sum(user_and_system_seconds(pid))
 
 
 def user_and_system_seconds(pid: int | str = "self") -> tuple[float, float]:

@@ -39,22 +39,21 @@ async def counted_loop(cg: Callgrind, seed: int, *, before: int, inside: int) ->
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )
-    assert process.stdin is not None
-    assert process.stdout is not None
+    stdin, stdout = process.stdin, process.stdout
+    assert stdin is not None
+    assert stdout is not None
 
     async def work(turns: int) -> None:
-        assert process.stdin is not None
-        assert process.stdout is not None
-        process.stdin.write(f"{turns}\n".encode())
-        await process.stdin.drain()
-        assert await process.stdout.readline()
+        stdin.write(f"{turns}\n".encode())
+        await stdin.drain()
+        assert await stdout.readline()
 
     try:
         await work(before)
         async with cg.counting(process.pid, cg.window_dump("worker", seed)) as count:
             await work(inside)
     finally:
-        process.stdin.close()
+        stdin.close()
         await process.wait()
     return count.instructions
 
