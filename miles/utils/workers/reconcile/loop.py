@@ -124,6 +124,7 @@ class ReconcileLoop:
         self._exiting = False
         self._started = False
         self._stopping = False
+        self._draining = False
         self._stopped = asyncio.Event()
         self._died = asyncio.Event()
         self._error: BaseException | None = None
@@ -164,6 +165,17 @@ class ReconcileLoop:
             self._check_event_loop("stop()")
         await self._shut_down()
         self._raise_error()
+
+    async def drain(self) -> None:
+        """Stops taking work: the worker finishes the reconcile in flight, if any, and takes no
+        other; returns once it has. ``stop()`` then ends the rest. The queue is left undone, as a
+        level-triggered loop may: the next start lists again. Go: CR ``Controller.Start`` shutting
+        its queue down and waiting for its workers when its context ends."""
+        self._draining = True
+        self._queue.shutdown()
+        worker = self._worker
+        if worker is not None and self._in_flight is not None:
+            await asyncio.wait([worker])
 
     async def wait(self) -> None:
         """Waits until the loop stops: returns after ``stop()``, raises ``ReconcileLoopError`` if
@@ -279,6 +291,9 @@ class ReconcileLoop:
 
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
         if self._stopping or self._error is not None:
+            return
+        drained = self._draining and task is self._worker
+        if drained and not task.cancelled() and task.exception() is None:
             return
         if task.cancelled():
             error: BaseException = asyncio.CancelledError(f"{task.get_name()} was cancelled")

@@ -1,0 +1,339 @@
+"""Fast layer: ``manager.py`` rows (CR ``pkg/manager``): probes over a real socket on 127.0.0.1,
+graceful shutdown on a ``FakeClock``, leader election through a fake elector of
+``LeaderElector``'s shape."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from types import TracebackType
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from miles.utils.workers.reconcile.clock import FakeClock, settle
+from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.manager import Manager, ManagerError, run_until_signalled
+from miles.utils.workers.reconcile.source_event import ParentKey
+from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, parent_of, replace, upsert
+from tests.fast.utils.workers.reconcile.http_probe import get
+
+GRACE = 30.0
+
+
+class FakeElector:
+    """``LeaderElector``'s shape: leads on entry unless told otherwise, releases on exit."""
+
+    def __init__(self, *, leading: bool = True) -> None:
+        self.identity = "me"
+        self.leading = leading
+        self.entered = self.released = False
+        self.loops_stopped_at_release: list[bool] = []
+        self.watched: list[ReconcileLoop] = []
+        self.health: str | None = None
+        self._lost = asyncio.Event()
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    async def wait_until_lost(self) -> None:
+        await self._lost.wait()
+
+    def lose(self) -> None:
+        self.leading = False
+        self._lost.set()
+
+    def check(self) -> str | None:
+        return self.health
+
+    async def __aenter__(self) -> FakeElector:
+        self.entered = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.loops_stopped_at_release = [loop.status().stopped for loop in self.watched]
+        self.released = True
+
+
+class Gate:
+    """A reconcile that blocks until ``open()``; records starts and finishes."""
+
+    def __init__(self) -> None:
+        self.started: list[ParentKey] = []
+        self.finished: list[ParentKey] = []
+        self.cancelled: list[ParentKey] = []
+        self._open = asyncio.Event()
+
+    def open(self) -> None:
+        self._open.set()
+
+    async def __call__(self, parent: ParentKey) -> None:
+        self.started.append(parent)
+        try:
+            await self._open.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(parent)
+            raise
+        self.finished.append(parent)
+
+
+def _loop(
+    source: FakeSource, reconcile: Gate, clock: FakeClock, name: str = "pods"
+) -> ReconcileLoop:
+    return ReconcileLoop(
+        source=source,
+        reconcile=reconcile,
+        key_map=parent_of,
+        clock=clock,
+        name=name,
+        resync_period=None,
+    )
+
+
+def _manager(*loops: ReconcileLoop, clock: FakeClock, **kwargs: object) -> Manager:
+    return Manager(
+        loops=loops,
+        clock=clock,
+        health_probe_address="127.0.0.1:0",
+        metrics_address="0",
+        graceful_shutdown_timeout=GRACE,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def _until(condition: object) -> None:
+    for _ in range(1000):
+        if condition():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition still false")
+
+
+async def test_readyz_waits_for_every_loop_to_sync_and_healthz_is_ok_meanwhile() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    gate.open()
+    async with _manager(_loop(source, gate, clock), clock=clock) as manager:
+        port = manager.probe_port
+        assert port is not None
+        unready = await get(port, "/readyz")
+        assert (unready.status, unready.body) == (
+            500,
+            "[-]pods failed: reason withheld\nhealthz check failed\n",
+        )
+        assert (await get(port, "/readyz/pods")).body == "internal server error: not synced\n"
+        assert (await get(port, "/healthz")).body == "ok"
+        source.push(replace(Pod("p", "a")))
+        await settle()
+        assert (await get(port, "/readyz")).body == "ok"
+        assert (await get(port, "/livez")).status == 404
+        manager.request_stop()
+        await manager.wait()
+
+
+async def test_a_dead_loop_fails_healthz_and_wait_raises_one_line() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    loop = ReconcileLoop(
+        source=source,
+        reconcile=gate,
+        key_map=parent_of,
+        clock=clock,
+        name="pods",
+        resync_period=10.0,
+    )
+
+    def broken_parent_keys() -> set[ParentKey]:
+        raise RuntimeError("store index corrupted")
+
+    manager = _manager(loop, clock=clock)
+    async with manager:
+        await _until(lambda: loop.status().synced)
+        loop._store.parent_keys = broken_parent_keys  # type: ignore[method-assign]
+        await clock.advance(10.0)
+        with pytest.raises(ManagerError, match="reconcile loop 'pods' stopped: RuntimeError"):
+            await manager.wait()
+        port = manager.probe_port
+        assert port is not None
+        dead = await get(port, "/healthz/pods")
+        assert (dead.status, dead.body) == (
+            500,
+            "internal server error: RuntimeError: store index corrupted\n",
+        )
+
+
+async def test_stop_lets_the_reconcile_in_flight_finish_within_the_grace() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    loop = _loop(source, gate, clock)
+    manager = _manager(loop, clock=clock)
+    await manager.__aenter__()
+    await _until(lambda: gate.started == ["a"])
+    manager.request_stop()
+    await manager.wait()
+    exiting = asyncio.create_task(manager.__aexit__(None, None, None))
+    await clock.advance(GRACE - 1)
+    assert not exiting.done()
+    source.push(upsert(Pod("q", "b")))
+    await settle()
+    gate.open()
+    await exiting
+    assert gate.finished == ["a"]
+    assert gate.cancelled == []
+    assert loop.status().stopped
+    assert loop.status().error is None
+    assert gate.started == ["a"]
+
+
+async def test_a_reconcile_past_the_grace_is_cancelled_and_exit_says_so() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    manager = _manager(_loop(source, gate, clock), clock=clock)
+    await manager.__aenter__()
+    await _until(lambda: gate.started == ["a"])
+    manager.request_stop()
+    exiting = asyncio.create_task(manager.__aexit__(None, None, None))
+    await clock.advance(GRACE)
+    with pytest.raises(ManagerError, match=r"within grace period of 30\.0s"):
+        await exiting
+    assert gate.cancelled == ["a"]
+
+
+async def test_a_stop_without_grace_cancels_the_reconcile_at_once() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    manager = _manager(_loop(source, gate, clock), clock=clock)
+    await manager.__aenter__()
+    await _until(lambda: gate.started == ["a"])
+    manager.request_stop(graceful=False)
+    assert manager.grace_cut
+    with pytest.raises(ManagerError, match="grace period"):
+        await manager.__aexit__(None, None, None)
+    assert gate.cancelled == ["a"]
+
+
+async def test_the_lease_is_released_after_every_loop_stopped() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    gate.open()
+    source.push(replace(Pod("p", "a")))
+    elector = FakeElector()
+    loop = _loop(source, gate, clock)
+    elector.watched.append(loop)
+    async with _manager(loop, clock=clock, elector=elector) as manager:
+        assert elector.entered
+        await _until(lambda: gate.finished == ["a"])
+        port = manager.probe_port
+        assert port is not None
+        verbose = await get(port, "/readyz?verbose")
+        assert verbose.body == "[+]leader-election ok\n[+]pods ok\nhealthz check passed\n"
+        elector.health = "renewal overdue"
+        assert (await get(port, "/healthz/leader-election")).status == 500
+        manager.request_stop()
+        await manager.wait()
+    assert elector.released
+    assert elector.loops_stopped_at_release == [True]
+
+
+async def test_leadership_lost_stops_at_once_with_cr_s_line() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    elector = FakeElector()
+    manager = _manager(_loop(source, gate, clock), clock=clock, elector=elector)
+    await manager.__aenter__()
+    await _until(lambda: gate.started == ["a"])
+    elector.lose()
+    port = manager.probe_port
+    assert port is not None
+    with pytest.raises(ManagerError, match=r"^leader election lost$") as lost:
+        await manager.wait()
+    assert (await get(port, "/readyz/leader-election")).status == 500
+    await manager.__aexit__(ManagerError, lost.value, None)
+    assert gate.cancelled == ["a"]
+    assert elector.released
+
+
+async def test_metrics_are_served_from_the_loops_registry() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    registry = CollectorRegistry()
+    loop = ReconcileLoop(
+        source=source, reconcile=gate, key_map=parent_of, clock=clock, name="m", metrics=registry
+    )
+    source.push(replace())
+    manager = Manager(
+        loops=[loop],
+        clock=clock,
+        health_probe_address="0",
+        metrics_address="127.0.0.1:0",
+        registry=registry,
+    )
+    async with manager:
+        assert manager.probe_port is None
+        port = manager.metrics_port
+        assert port is not None
+        answer = await get(port, "/metrics")
+        manager.request_stop()
+    assert 'workqueue_depth{controller="m",name="m",priority=""} 0.0' in answer.body
+
+
+def test_loop_names_are_unique_and_addresses_checked() -> None:
+    async def build() -> None:
+        clock = FakeClock()
+        loops = [_loop(FakeSource(), Gate(), clock), _loop(FakeSource(), Gate(), clock)]
+        with pytest.raises(ValueError, match="its own name"):
+            Manager(loops=loops)
+        with pytest.raises(ValueError, match="host:port"):
+            Manager(loops=[], health_probe_address="8081")
+        with pytest.raises(ValueError, match="graceful_shutdown_timeout"):
+            Manager(loops=[], graceful_shutdown_timeout=-1)
+
+    asyncio.run(build())
+
+
+async def test_sigterm_stops_gracefully_and_returns_0() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    manager = _manager(_loop(source, gate, clock), clock=clock)
+
+    async def signal_mid_reconcile() -> None:
+        await _until(lambda: gate.started == ["a"])
+        os.kill(os.getpid(), signal.SIGTERM)
+        await _until(lambda: manager.stop_requested)
+        gate.open()
+
+    sender = asyncio.create_task(signal_mid_reconcile())
+    assert await run_until_signalled(manager) == 0
+    await sender
+    assert gate.finished == ["a"]
+
+
+async def test_a_second_signal_cuts_the_grace_and_returns_1() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    manager = _manager(_loop(source, gate, clock), clock=clock)
+
+    async def signal_twice() -> None:
+        await _until(lambda: gate.started == ["a"])
+        os.kill(os.getpid(), signal.SIGINT)
+        await _until(lambda: manager.stop_requested)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    sender = asyncio.create_task(signal_twice())
+    assert await run_until_signalled(manager) == 1
+    await sender
+    assert gate.cancelled == ["a"]
+
+
+async def test_a_port_taken_is_one_line_and_exit_1(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    first = _manager(clock=clock)
+    async with first:
+        port = first.probe_port
+        second = Manager(loops=[], health_probe_address=f"127.0.0.1:{port}", metrics_address="0")
+        assert await run_until_signalled(second) == 1
+        first.request_stop()
+    assert any("health probe server cannot listen" in r.getMessage() for r in caplog.records)
