@@ -7,7 +7,8 @@ flags and the Go version) differs from the one recorded beside it. The folder is
 `MILES_K8S_BIN_DIR`, else the checkout's `.cache/k8s-bin`, else the user's cache folder. The real
 node's kubelet, kube-scheduler and kube-controller-manager share one module, `node`; the control
 plane's binaries are built on demand, the real node's (`NODE_BINARIES`) only when a real node is
-wanted, or by `build`, which builds everything.
+wanted, a tool's (`TOOL_BINARIES`: client-go's leader election) when its run asks for it, or by
+`build`, which builds everything.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ SPECS: tuple[BinarySpec, ...] = (
         package=".",
         pinned_module="k8s.io/client-go",
     ),
+    BinarySpec(
+        name="leader-candidate",
+        module_dir="leader-candidate",
+        package=".",
+        pinned_module="k8s.io/client-go",
+    ),
     *(
         BinarySpec(
             name=name,
@@ -92,6 +99,7 @@ SPECS: tuple[BinarySpec, ...] = (
 
 PLANE_BINARIES = ("etcd", "kube-apiserver", "kwok", "oracle")
 NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-controller-manager", "pause", "engine")
+TOOL_BINARIES = ("leader-candidate",)
 
 
 @dataclass(frozen=True)
@@ -316,6 +324,15 @@ def ensure_node_binaries(
         pause=paths["pause"],
         engine=paths["engine"],
     )
+
+
+def ensure_tool_binary(
+    name: str, *, settings: EnvSettings | None = None, log: LogFn = _print_stderr
+) -> Path:
+    """Builds one of `TOOL_BINARIES` if it is missing or stale; returns its path."""
+    if name not in TOOL_BINARIES:
+        raise ValueError(f"{name!r} is not one of {TOOL_BINARIES}")
+    return _ensure((name,), settings, log)[name]
 
 
 def _ensure(names: Iterable[str], settings: EnvSettings | None, log: LogFn) -> dict[str, Path]:

@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from miles.utils.k8s_testenv import EnvSettings, PrerequisiteError
-from miles.utils.k8s_testenv.binaries import NODE_BINARIES, PLANE_BINARIES, SPECS, ldflags
+from miles.utils.k8s_testenv.binaries import (
+    NODE_BINARIES,
+    PLANE_BINARIES,
+    SPECS,
+    TOOL_BINARIES,
+    ensure_tool_binary,
+    ldflags,
+)
 from miles.utils.k8s_testenv.host_state import HostSnapshot
 from miles.utils.k8s_testenv.node_config import (
     NodeLayout,
@@ -153,9 +160,12 @@ def test_a_node_left_by_a_killed_run_is_refused_naming_down(tmp_path: Path) -> N
     assert "python -m miles.utils.k8s_testenv down" in message
 
 
-def test_node_binaries_are_built_apart_from_the_control_plane() -> None:
-    assert set(PLANE_BINARIES) | set(NODE_BINARIES) == {spec.name for spec in SPECS}
-    assert not set(PLANE_BINARIES) & set(NODE_BINARIES)
+def test_node_and_tool_binaries_are_built_apart_from_the_control_plane() -> None:
+    groups = [set(PLANE_BINARIES), set(NODE_BINARIES), set(TOOL_BINARIES)]
+    assert set.union(*groups) == {spec.name for spec in SPECS}
+    assert sum(map(len, groups)) == len(SPECS)
+    with pytest.raises(ValueError, match="'kubelet' is not one of"):
+        ensure_tool_binary("kubelet")
     kubelet = next(spec for spec in SPECS if spec.name == "kubelet")
     assert "-X k8s.io/component-base/version.gitVersion=v1.36.3" in ldflags(kubelet, "v1.36.3")
     pause = next(spec for spec in SPECS if spec.name == "pause")
