@@ -1,0 +1,1 @@
+"""Controllers to copy: each runs with ``python -m`` and is a whole ``main()`` over the runtime."""
