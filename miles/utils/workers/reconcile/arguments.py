@@ -28,7 +28,7 @@ def optional_period(name: str, value: float | None) -> float | None:
     return positive_finite(name, value)
 
 
-def positive_whole(name: str, value: int) -> int:
+def positive_whole(name: str, value: float) -> int:
     """``value`` as an int if it is a whole number of at least one (``300`` or ``300.0``); else
     ``ValueError`` naming it. For seconds a server takes only as an integer."""
     number = positive_finite(name, value)

@@ -419,3 +419,66 @@ async def _raise_for_status(resp: Any) -> None:
         status.message or "",
         retry_after=parse_retry_after(resp.headers.get("Retry-After")),
     )
+
+
+class KubernetesAsyncioLeaseApi:
+    """``lease_lock.LeaseApi`` over a ``kubernetes_asyncio`` ``CoordinationV1Api``. Go: the typed
+    ``LeaseInterface`` (``Get``, ``Create``, ``Update``).
+
+    A 404 raises ``LeaseNotFoundError``, a 409 ``LeaseConflictError``, any other non-2xx answer
+    ``KubernetesApiError`` and a transport failure ``KubernetesConnectionError``. Every request
+    ends after ``request_timeout`` seconds: client-go's ``NewFromKubeconfig`` gives the leader
+    election client ``max(1 s, RenewDeadline / 2)``, 5 s by default, so one hung request cannot
+    use up a renew deadline.
+    """
+
+    def __init__(self, *, coordination_v1_api: Any, request_timeout: float = 5.0) -> None:
+        self._coordination = coordination_v1_api
+        self._timeout = positive_finite("request_timeout", request_timeout)
+
+    async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any]:
+        read = self._coordination.read_namespaced_lease
+        return await self._call("Lease GET", read, name, namespace)
+
+    async def create_lease(self, *, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
+        create = self._coordination.create_namespaced_lease
+        return await self._call("Lease create", create, namespace, lease)
+
+    async def replace_lease(
+        self, *, namespace: str, name: str, lease: dict[str, Any]
+    ) -> dict[str, Any]:
+        replace = self._coordination.replace_namespaced_lease
+        return await self._call("Lease update", replace, name, namespace, lease)
+
+    async def _call(self, what: str, method: Any, *args: Any) -> dict[str, Any]:
+        import json
+
+        import aiohttp
+
+        from miles.utils.workers.reconcile.lease_lock import (
+            LeaseConflictError,
+            LeaseNotFoundError,
+        )
+
+        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        with _translated(what):
+            resp = await method(*args, _preload_content=False, _request_timeout=timeout)
+            try:
+                try:
+                    await _raise_for_status(resp)
+                except KubernetesApiError as error:
+                    if error.code == 404:
+                        raise LeaseNotFoundError(f"{what}: {error}") from error
+                    if error.code == 409:
+                        raise LeaseConflictError(f"{what}: {error}") from error
+                    raise
+                body = await resp.read()
+            finally:
+                resp.release()
+        try:
+            lease = json.loads(body)
+        except ValueError as error:
+            raise KubernetesApiError(resp.status, "undecodable", f"{what}: {error}") from error
+        if not isinstance(lease, dict):
+            raise KubernetesApiError(resp.status, "undecodable", f"{what}: not a JSON object")
+        return lease
