@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from miles.utils.workers.reconcile.arguments import optional_period, positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock, time_function
@@ -44,6 +44,16 @@ _STOP_INSIDE_RECONCILE = (
 _FATAL = (KeyboardInterrupt, SystemExit)
 
 
+class Leadership(Protocol):
+    """What the loop asks of leader election (``leader_election.LeaderElector`` is one): whether
+    this process may act now, and a wait for when it may. ``wait_until_leading`` returns only once
+    ``is_leader()`` is true."""
+
+    def is_leader(self) -> bool: ...
+
+    async def wait_until_leading(self) -> None: ...
+
+
 class ReconcileLoopError(RuntimeError):
     """The loop stopped on its own because one of its tasks died; ``__cause__`` is why.
 
@@ -76,6 +86,7 @@ class ReconcileLoop:
         slow_reconcile_after: float = DEFAULT_SLOW_RECONCILE_AFTER,
         reconcile_timeout: float | None = None,
         metrics: MetricsTarget | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self._resync_period = optional_period("resync_period", resync_period)
         positive_finite("failure_base_delay", failure_base_delay)
@@ -94,6 +105,7 @@ class ReconcileLoop:
         self._reconcile = reconcile
         self._clock: Clock = RealClock() if clock is None else clock
         self._metrics: LoopSeries | None = None
+        self._leadership = leadership
         if metrics is not None:
             from miles.utils.workers.reconcile.metrics import attach
 
@@ -360,7 +372,8 @@ class ReconcileLoop:
         queue, reconcile, now = self._queue, self._reconcile, time_function(self._clock)
         task = asyncio.current_task()
         assert task is not None
-        while (parent := await queue.get()) is not None:
+        take = queue.get if self._leadership is None else self._take_while_leading
+        while (parent := await take()) is not None:
             self._in_flight_seq = seq = self._in_flight_seq + 1
             self._in_flight = parent
             self._in_flight_since = started = now()
@@ -383,6 +396,20 @@ class ReconcileLoop:
                 self._metrics.observe(started - queue.added_at, now() - started)
             if queue:
                 await asyncio.sleep(0)
+
+    async def _take_while_leading(self) -> ParentKey | None:
+        """The next parent, returned only while ``leadership.is_leader()``: the check comes right
+        before the dispatch. A parent taken once leadership was gone goes back to the queue and
+        waits for the next term."""
+        queue, leadership = self._queue, self._leadership
+        assert leadership is not None
+        while True:
+            if not leadership.is_leader():
+                await leadership.wait_until_leading()
+            parent = await queue.get()
+            if parent is None or leadership.is_leader():
+                return parent
+            queue.add(parent)
 
     def _on_failure(
         self, parent: ParentKey, error: BaseException, timed_out: bool, task: asyncio.Task[None]
