@@ -126,15 +126,15 @@ def spec_from_record(record: LeaderElectionRecord) -> dict[str, Any]:
 
 
 def parse_micro_time(value: object) -> datetime | None:
-    """An RFC 3339 time with a zone as an aware datetime; ``None`` for anything else (a naive time,
-    a year Python cannot hold, another type)."""
+    """An RFC 3339 time with a zone as an aware UTC datetime; ``None`` for anything else (a naive
+    time, a year Python cannot hold, in UTC or as written, another type)."""
     if not isinstance(value, str):
         return None
     try:
         parsed = datetime.fromisoformat(value)
-    except ValueError:
+        return parsed.astimezone(UTC) if parsed.tzinfo is not None else None
+    except (ValueError, OverflowError):
         return None
-    return parsed if parsed.tzinfo is not None else None
 
 
 def format_micro_time(value: datetime | None) -> str | None:

@@ -161,6 +161,7 @@ def test_an_empty_spec_reads_as_go_s_zero_record() -> None:
         ({"renewTime": "yesterday"}, "spec.renewTime is not a time"),
         ({"acquireTime": "0000-01-01T00:00:00.000000Z"}, "spec.acquireTime is not a time"),
         ({"renewTime": "2026-12-03T04:10:00"}, "spec.renewTime is not a time"),
+        ({"renewTime": "9999-12-31T23:59:59-01:00"}, "spec.renewTime is not a time"),
         ({"renewTime": 1700000000}, "spec.renewTime is not a time"),
         ({"leaseDurationSeconds": "15"}, "spec.leaseDurationSeconds is not an integer"),
         ({"leaseDurationSeconds": 15.0}, "spec.leaseDurationSeconds is not an integer"),
