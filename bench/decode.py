@@ -4,15 +4,18 @@ Run from the repository root: ``.venv/bin/python -m bench.decode [--pods 200] [-
 It measures the realistic pod, and the same pod with an init container, which carries every field
 ``k8s_types`` reads; then ours against itself with the pod's ``managedFields`` left in (what
 ``k8s_wire.without_managed_fields`` cuts out before validating; the fake pod's are 19% of its
-bytes, an apiserver's 44-45%). Every figure is the best of several rounds of this process's CPU
-time, the two sides alternating round by round, so the ratios hold on a machine that other runs
-keep busy.
+bytes, an apiserver's 44-45%); then ``k8s_types.PodList`` over one document of ``--list-pods``
+pods (10,000), as an apiserver's LIST body and as ``kubectl get pods -o json`` prints it, against
+the same pods decoded as a LIST is today, ``k8s_wire.decode_pod_list`` page after page of 500.
+Every figure is the best of several rounds of this process's CPU time, the two sides alternating
+round by round, so the ratios hold on a machine that other runs keep busy.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 import timeit
 from collections.abc import Callable
@@ -23,7 +26,7 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import frame, list_body, pod_byte
 from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
 from miles.utils.workers.reconcile.k8s_api import decode_pod_list, decode_watch_line
-from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_types import Pod, PodList
 
 Timed = tuple[Callable[[], object], int]
 
@@ -102,10 +105,37 @@ def measure_cut(pods: int, rounds: int) -> list[tuple[str, float, float]]:
     ]
 
 
+def measure_pod_list(pods: int, rounds: int) -> list[tuple[str, float, float]]:
+    """``PodList`` over one document of ``pods`` pods against ``decode_pod_list`` over the same pods
+    in pages of 500, every page kept, with the collector paused across them as the pager pauses
+    it. The kubectl print carries each item's ``kind`` and no ``managedFields`` (kubectl hides
+    them), indented by 4 as kubectl indents."""
+    every = [realistic_pod(f"engine-{i}", f"cell-{i % 10}") for i in range(pods)]
+    page_size = 500
+    pages = [list_body(every[i : i + page_size], "9") for i in range(0, pods, page_size)]
+    body = list_body(every, "9")
+    printed = [{"apiVersion": "v1", "kind": "Pod"} | p for p in every]
+    for p in printed:
+        p["metadata"] = {k: v for k, v in p["metadata"].items() if k != "managedFields"}
+    kubectl = json.dumps({"apiVersion": "v1", "kind": "List", "items": printed}, indent=4).encode()
+
+    def paged() -> object:
+        with COLLECTOR.held():
+            return [decode_pod_list(page) for page in pages]
+
+    body_us = best_us((lambda: PodList.model_validate_json(body), 1), (paged, 1), rounds)
+    kubectl_us = best_us((lambda: PodList.model_validate_json(kubectl), 1), (paged, 1), rounds)
+    return [
+        (f"LIST body of {pods}, per pod", body_us[0] / pods, body_us[1] / pods),
+        (f"kubectl print of {pods}, per pod", kubectl_us[0] / pods, kubectl_us[1] / pods),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pods", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--list-pods", type=int, default=10_000)
     args = parser.parse_args()
     print(f"best of {args.rounds} rounds of CPU time")
     for init_container in (False, True):
@@ -124,6 +154,10 @@ def main() -> None:
     print(f"{'path':<28} {'ours µs':>10} {'managedFields in µs':>22} {'ratio':>7}")
     for name, ours, whole in measure_cut(args.pods, args.rounds):
         print(f"{name:<28} {ours:>10.1f} {whole:>22.1f} {whole / ours:>6.2f}x")
+    print("\nk8s_types.PodList, one document, against decode_pod_list in pages of 500")
+    print(f"{'path':<34} {'PodList µs':>10} {'pages µs':>10} {'ratio':>7}")
+    for name, ours, paged in measure_pod_list(args.list_pods, max(3, args.rounds // 3)):
+        print(f"{name:<34} {ours:>10.1f} {paged:>10.1f} {paged / ours:>6.2f}x")
 
 
 if __name__ == "__main__":

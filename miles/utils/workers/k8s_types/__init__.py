@@ -1,4 +1,5 @@
-"""The pod model where miles's controllers import it. Go: ``k8s.io/api/core/v1`` types.
+"""The Kubernetes models where miles's controllers and tools import them.
+Go: ``k8s.io/api/core/v1`` and ``batch/v1`` types.
 
 It re-exports ``miles.utils.workers.reconcile.k8s_types``: the same classes, never copies, so
 identity and ``isinstance`` hold across both names. A package, not a module, so that its
@@ -12,16 +13,25 @@ from miles.utils.workers.reconcile.k8s_types import (
     ContainerStateTerminated,
     ContainerStateWaiting,
     ContainerStatus,
+    Event,
+    EventList,
     FrameMetadata,
+    Job,
+    JobCondition,
+    JobStatus,
+    ObjectReference,
     OwnerReference,
     Pod,
     PodCondition,
     PodIP,
+    PodList,
     PodMetadata,
     PodSchedulingGate,
     PodSpec,
     PodStatus,
+    SkippedItem,
     WatchFrame,
+    WatchFrameMetadata,
 )
 
 __all__ = [
@@ -31,14 +41,23 @@ __all__ = [
     "ContainerStateTerminated",
     "ContainerStateWaiting",
     "ContainerStatus",
+    "Event",
+    "EventList",
     "FrameMetadata",
+    "Job",
+    "JobCondition",
+    "JobStatus",
+    "ObjectReference",
     "OwnerReference",
     "Pod",
     "PodCondition",
     "PodIP",
+    "PodList",
     "PodMetadata",
     "PodSchedulingGate",
     "PodSpec",
     "PodStatus",
+    "SkippedItem",
     "WatchFrame",
+    "WatchFrameMetadata",
 ]
