@@ -159,15 +159,20 @@ async def _retrying(write: Callable[[], Awaitable[Any]], *, what: str) -> None:
         await asyncio.sleep(0.2)
 
 
-async def raw_json(request: Awaitable[Any]) -> Any:
-    """The JSON body of a 2xx answer to a call made with `_preload_content=False`."""
+async def raw_bytes(request: Awaitable[Any]) -> bytes:
+    """The body of a 2xx answer to a call made with `_preload_content=False`."""
     resp = await request
     try:
         status, body = resp.status, await resp.read()
     finally:
         resp.release()
     assert 200 <= status < 300, f"HTTP {status}: {body[:300]!r}"
-    return json.loads(body)
+    return bytes(body)
+
+
+async def raw_json(request: Awaitable[Any]) -> Any:
+    """The JSON body of a 2xx answer to a call made with `_preload_content=False`."""
+    return json.loads(await raw_bytes(request))
 
 
 def lines_naming(records: Sequence[logging.LogRecord], *needles: str) -> list[str]:

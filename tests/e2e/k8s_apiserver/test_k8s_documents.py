@@ -15,6 +15,7 @@ from kubernetes_asyncio import client
 from miles.utils.k8s_testenv import ApiClientFactory
 from miles.utils.workers.k8s_types import Event, EventList, Job, ObjectReference, Pod, PodList
 from miles.utils.workers.reconcile.k8s_wire import decode_pod_list
+from tests.e2e.k8s_apiserver.fault_harness import raw_bytes
 from tests.e2e.k8s_apiserver.harness import create_pod
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -27,16 +28,6 @@ FIRST, LAST, MICRO = "2026-11-30T04:00:04Z", "2026-11-30T04:06:41Z", "2026-11-30
 def _say_where(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     print(f"k8s_apiserver: {request.node.name} ran on the cached kube-apiserver (watch cache on)")
-
-
-async def _raw(request: Any) -> bytes:
-    resp = await request
-    try:
-        status, body = resp.status, await resp.read()
-    finally:
-        resp.release()
-    assert 200 <= status < 300, f"HTTP {status}: {body[:300]!r}"
-    return bytes(body)
 
 
 def _events(namespace: str, pod: Any) -> list[dict[str, Any]]:
@@ -149,7 +140,7 @@ async def test_an_event_and_a_job_from_a_real_apiserver_read_in_every_shape(
         for event in _events(k8s_namespace, pod):
             await core.create_namespaced_event(k8s_namespace, event)
         await batch.create_namespaced_job(k8s_namespace, _job())
-        await _raw(
+        await raw_bytes(
             batch.patch_namespaced_job_status(
                 "rollout-eval",
                 k8s_namespace,
@@ -158,14 +149,18 @@ async def test_an_event_and_a_job_from_a_real_apiserver_read_in_every_shape(
                 _preload_content=False,
             )
         )
-        events_bytes = await _raw(core.list_namespaced_event(k8s_namespace, _preload_content=False))
+        events_bytes = await raw_bytes(
+            core.list_namespaced_event(k8s_namespace, _preload_content=False)
+        )
         events_model = await core.list_namespaced_event(k8s_namespace)
-        job_bytes = await _raw(
+        job_bytes = await raw_bytes(
             batch.read_namespaced_job("rollout-eval", k8s_namespace, _preload_content=False)
         )
         job_model = await batch.read_namespaced_job("rollout-eval", k8s_namespace)
         one_event = await core.read_namespaced_event("engine-0.backoff", k8s_namespace)
-        pods_bytes = await _raw(core.list_namespaced_pod(k8s_namespace, _preload_content=False))
+        pods_bytes = await raw_bytes(
+            core.list_namespaced_pod(k8s_namespace, _preload_content=False)
+        )
     _assert_events(EventList.model_validate_json(events_bytes), pod, "bytes")
     _assert_events(EventList.model_validate(events_model), pod, "kubernetes_asyncio model")
     _assert_events(EventList.model_validate(events_model.to_dict()), pod, "snake_case dict")
