@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import logging
 import random
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -295,7 +295,12 @@ class LeaderElector:
         return await self._write(self._lock.update, record, started)
 
     async def _write(
-        self, write: Any, record: LeaderElectionRecord, started: float, *, quiet: bool = False
+        self,
+        write: Callable[[LeaderElectionRecord], Awaitable[None]],
+        record: LeaderElectionRecord,
+        started: float,
+        *,
+        quiet: bool = False,
     ) -> bool:
         self._wrote = True
         try:
