@@ -32,18 +32,14 @@ from pathlib import Path
 
 from bench.soak_sampler import ResourceSampler
 from miles.utils.k8s_testenv import EnvSettings, K8sTestEnvError, ensure_binaries
+from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig
 from miles.utils.k8s_testenv.testing.differential.environment import (
     DifferentialEnvironment,
     differential_environment,
 )
-from miles.utils.k8s_testenv.testing.differential.harness import (
-    DifferentialHarness,
-    DivergenceError,
-    HarnessAborted,
-    HarnessConfig,
-    OursFactory,
-    logs_to,
-)
+from miles.utils.k8s_testenv.testing.differential.errors import DivergenceError, HarnessAborted
+from miles.utils.k8s_testenv.testing.differential.harness import DifferentialHarness
+from miles.utils.k8s_testenv.testing.differential.lifecycle import OursFactory, logs_to
 from miles.utils.k8s_testenv.testing.differential.ours import (
     OurLoop,
     OurLoopProcess,

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from bench.soak_sampler import ResourceSampler
-from miles.utils.k8s_testenv.testing.differential.harness import logs_to
+from miles.utils.k8s_testenv.testing.differential.lifecycle import logs_to
 from miles.utils.k8s_testenv.testing.differential.ours import (
     OurLoop,
     OurLoopSettings,

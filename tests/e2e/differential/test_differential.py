@@ -19,13 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig
 from miles.utils.k8s_testenv.testing.differential.environment import DifferentialEnvironment
-from miles.utils.k8s_testenv.testing.differential.harness import (
-    DifferentialHarness,
-    HarnessAborted,
-    HarnessConfig,
-    logs_to,
-)
+from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
+from miles.utils.k8s_testenv.testing.differential.harness import DifferentialHarness
+from miles.utils.k8s_testenv.testing.differential.lifecycle import logs_to
 from miles.utils.k8s_testenv.testing.differential.oracle_client import process_gone
 from miles.utils.k8s_testenv.testing.differential.scenario import (
     KUBELET_CHURN,

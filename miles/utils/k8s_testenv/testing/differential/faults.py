@@ -1,0 +1,229 @@
+"""The differential harness's faults: each one applied while writes land, then healed.
+
+Go counterpart: none. The TCP proxy cuts and silences connections, the HTTP proxy answers chosen
+statuses, corrupts chunks and black-holes connections, and the control plane restarts its
+apiserver and etcd and compacts history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from miles.utils.k8s_testenv import FaultUnsupportedError
+from miles.utils.k8s_testenv.http_fault_proxy import (
+    PODS,
+    WATCH,
+    Action,
+    BlackHole,
+    CorruptChunk,
+    Match,
+    Respond,
+)
+from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig, LogFn
+from miles.utils.k8s_testenv.testing.differential.lifecycle import Rig, server_address
+from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind
+from miles.utils.k8s_testenv.testing.differential.stats import Stats
+from miles.utils.k8s_testenv.testing.differential.writer import Writer
+
+logger = logging.getLogger(__name__)
+
+_IN_FAULT_OPS = 3
+
+
+@dataclass(frozen=True, kw_only=True)
+class Faults:
+    """`await faults.inject(fault)` applies and heals one fault, returning when it was healed."""
+
+    rig: Rig
+    writer: Writer
+    config: HarnessConfig
+    rng: random.Random
+    stats: Stats
+    log: LogFn
+
+    async def inject(self, fault: FaultKind) -> float | None:
+        """Applies the fault and heals it; returns when it was healed, or None if skipped."""
+        try:
+            healed_at = await self._fault(fault)
+        except FaultUnsupportedError as err:
+            self.stats.skipped[fault.value] = str(err)
+            self.log(f"differential: skipped {fault.value}: {err}")
+            return None
+        self.stats.faults[fault] += 1
+        return healed_at
+
+    async def _fault(self, fault: FaultKind) -> float:
+        logger.warning("differential: injecting %s", fault.value)
+        if fault is FaultKind.APISERVER_RESTART:
+            return await self._restart_target_apiserver()
+        if fault is FaultKind.COMPACT_410:
+            return await self._compact_then_cut()
+        if fault is FaultKind.ETCD_RESTART:
+            return await self._stop_start_etcd()
+        if fault is FaultKind.CUT_MID_FRAME:
+            return await self._cut_mid_frame()
+        if fault is FaultKind.SILENT:
+            return await self._go_silent()
+        if fault is FaultKind.CORRUPT_CHUNK:
+            return await self._corrupt_chunks()
+        if fault is FaultKind.DEAD_CONNECTION:
+            return await self._dead_connections()
+        if (answer := self._http_answer(fault)) is not None:
+            return await self._answer_requests(*answer)
+        return await self._reconcile_fault(fault)
+
+    def _http_answer(self, fault: FaultKind) -> tuple[Match, Respond] | None:
+        if fault is FaultKind.WATCH_500:
+            return WATCH, Respond(500)
+        if fault is FaultKind.CURSOR_REJECTED:
+            rejections = [Respond(410, in_band=True), Respond(410), Respond(504)]
+            return WATCH, self.rng.choice(rejections)
+        if fault is FaultKind.THROTTLED_429:
+            return Match(path=PODS), Respond(429, headers={"Retry-After": "2"})
+        return None
+
+    async def _answer_requests(self, match: Match, answer: Respond) -> float:
+        """Every request `match` fits is answered `answer` for `fault_seconds` (the fresh LIST
+        goes to the other apiserver, so it is spared); open watches are cut first so that every
+        client has to ask again, and writes land meanwhile."""
+        with self._http_fault(match, answer):
+            self.rig.proxy.cut()
+            await self.writer.ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(self.config.fault_seconds)
+        return time.monotonic()
+
+    async def _corrupt_chunks(self) -> float:
+        """The next chunk of every watch response, open or opened during the fault, is half a
+        frame and then a chunk-size line that is not hex, on a connection kept open; writes make
+        the chunks."""
+        with self._http_fault(WATCH, CorruptChunk()):
+            await self.writer.ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(self.config.fault_seconds)
+        return time.monotonic()
+
+    async def _dead_connections(self) -> float:
+        """Every watch connection dies without a FIN at its next chunk: nothing more is
+        forwarded and nothing closes it. After `silent_seconds` the held connections are reset,
+        since client-go over the proxy's HTTP/1.1 has no health check and would wait forever."""
+        with self._http_fault(WATCH, BlackHole()):
+            await self.writer.ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(self.config.silent_seconds)
+        held = await self.rig.http_proxy.reset_held()
+        logger.warning("differential: reset %d dead connection(s)", held)
+        return time.monotonic()
+
+    @contextlib.contextmanager
+    def _http_fault(self, match: Match, action: Action) -> Iterator[None]:
+        fault = self.rig.http_proxy.add(match, action)
+        try:
+            yield
+        finally:
+            self.rig.http_proxy.remove(fault)
+
+    async def _restart_target_apiserver(self) -> float:
+        """Writes land while the clients' apiserver is down; healed once its port accepts."""
+        restart = asyncio.create_task(
+            asyncio.to_thread(self.rig.plane.restart_apiserver, self.config.target)
+        )
+        address = server_address(self.rig.target_kubeconfig)
+        try:
+            await _until_accepting(address, accepting=False, unless=restart)
+            await self.writer.ops_during_fault(_IN_FAULT_OPS)
+            await _until_accepting(address, accepting=True, unless=restart)
+            return time.monotonic()
+        finally:
+            await restart
+
+    async def _stop_start_etcd(self) -> float:
+        """No write can land while etcd is down; the writes right after it is back must arrive."""
+        plane = self.rig.plane
+        await asyncio.to_thread(plane.stop_etcd)
+        try:
+            await asyncio.sleep(self.config.etcd_down_seconds)
+        finally:
+            await asyncio.to_thread(plane.start_etcd)
+        healed_at = time.monotonic()
+        await self.writer.ops_during_fault(_IN_FAULT_OPS)
+        return healed_at
+
+    async def _cut_mid_frame(self) -> float:
+        """Cut inside the frames of a write, then write more while the clients reconnect."""
+        cut = self.rig.proxy.cut_mid_frame(idle_after=3.0)
+        await self.writer.apply(OpKind.RELABEL, quiet=True)
+        report = await asyncio.wrap_future(cut)
+        healed_at = time.monotonic()
+        logger.warning(
+            "differential: cut %d connection(s) mid-frame, %d idle", report.mid_frame, report.idle
+        )
+        await self.writer.ops_during_fault(_IN_FAULT_OPS)
+        return healed_at
+
+    async def _go_silent(self) -> float:
+        """Writes land while nothing is forwarded; longer than our watch's read deadline."""
+        self.rig.proxy.go_silent()
+        try:
+            await self.writer.ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(self.config.silent_seconds)
+        finally:
+            self.rig.proxy.resume()
+        return time.monotonic()
+
+    async def _compact_then_cut(self) -> float:
+        """A real 410: make both cursors stale with writes they do not see, compact, cut, and
+        write what only a relist can bring.
+
+        The proxy is silent from before the first write until the cut, so no event or bookmark
+        written meanwhile (the real node's kubelet updates the clients' pods at any time) can
+        carry a cursor past the compacted revision."""
+        proxy, writer = self.rig.proxy, self.writer
+        proxy.go_silent()
+        try:
+            bystanders = await writer.gather(writer.create(selected=False) for _ in range(3))
+            await writer.gather(writer.mutate(OpKind.RELABEL, name) for name in bystanders)
+            revision = await asyncio.to_thread(self.rig.plane.compact_etcd)
+            cut = proxy.cut()
+        finally:
+            proxy.resume()
+        healed_at = time.monotonic()
+        logger.warning("differential: compacted etcd to %d, cut %d connection(s)", revision, cut)
+        await writer.ops_during_fault(_IN_FAULT_OPS)
+        return healed_at
+
+    async def _reconcile_fault(self, fault: FaultKind) -> float:
+        """Reconcile sleeps or raises while writes land; the store must not care, and every parent
+        must be reconciled with its final members once the fault is gone."""
+        slow = fault is FaultKind.RECONCILE_SLOW
+        await self.rig.ours.reconcile_fault(delay=0.5 if slow else 0.0, raises=not slow)
+        try:
+            await self.writer.ops_during_fault(_IN_FAULT_OPS)
+            await asyncio.sleep(1.5)
+        finally:
+            await self.rig.ours.reconcile_fault(delay=0.0, raises=False)
+        return time.monotonic()
+
+
+async def _until_accepting(
+    address: tuple[str, int], *, accepting: bool, unless: asyncio.Task[None]
+) -> None:
+    """Returns once `address` accepts connections (or refuses them, with `accepting=False`),
+    or once `unless` is done; at most 60 s."""
+    deadline = time.monotonic() + 60.0
+    while not unless.done() and time.monotonic() < deadline:
+        if await _accepts(address) is accepting:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _accepts(address: tuple[str, int]) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(*address), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True

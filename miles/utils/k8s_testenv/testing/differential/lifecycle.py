@@ -1,0 +1,221 @@
+"""The differential harness's processes, started and stopped together: the writers' client and the
+namespace, the HTTP fault proxy and the TCP proxy in front of it, client-go's oracle and our loop.
+
+Go counterpart: none (what the differential harness runs both clients on).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from miles.utils.k8s_testenv import ApiServerName, ControlPlane, api_client
+from miles.utils.k8s_testenv.http_fault_proxy import HttpFaultProxy
+from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
+from miles.utils.k8s_testenv.testing.differential.config import SELECTOR, HarnessConfig, LogFn
+from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
+from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleProcess
+from miles.utils.k8s_testenv.testing.differential.ours import OurLoopSettings, Ours
+
+_T = TypeVar("_T")
+
+OursFactory = Callable[[OurLoopSettings], AbstractAsyncContextManager[Ours]]
+
+
+def _read_kubeconfig(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        raise HarnessAborted(
+            f"kubeconfig {path} is not JSON: the harness points its server at the proxy and "
+            "reads only the JSON kubeconfigs k8s_testenv writes"
+        ) from err
+
+
+def proxied_kubeconfig(source: Path, target: Path, proxy_url: str) -> Path:
+    """A copy of a JSON kubeconfig whose every server is `proxy_url` (TLS stays end to end)."""
+    config = _read_kubeconfig(source)
+    for cluster in config["clusters"]:
+        cluster["cluster"]["server"] = proxy_url
+    target.write_text(json.dumps(config, indent=2) + "\n")
+    target.chmod(0o600)
+    return target
+
+
+def server_address(kubeconfig: Path) -> tuple[str, int]:
+    config = _read_kubeconfig(kubeconfig)
+    current = next(c for c in config["contexts"] if c["name"] == config["current-context"])
+    cluster = next(c for c in config["clusters"] if c["name"] == current["context"]["cluster"])
+    url = urlsplit(cluster["cluster"]["server"])
+    if url.hostname is None:
+        raise HarnessAborted(f"kubeconfig {kubeconfig} has no server host")
+    return url.hostname, url.port or 443
+
+
+@contextlib.contextmanager
+def logs_to(path: Path) -> Iterator[None]:
+    """Routes the runtime's log records to `path` for the duration (warnings and up)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+class Rig:
+    """`async with Rig(...) as rig:` both clients watch the target apiserver through
+    `rig.proxy` (TCP) and then `rig.http_proxy` (HTTP); `rig.core` writes through the other one."""
+
+    def __init__(
+        self,
+        *,
+        plane: ControlPlane,
+        oracle_binary: Path,
+        work_dir: Path,
+        config: HarnessConfig,
+        namespace: str,
+        ours: OursFactory,
+        log: LogFn,
+    ) -> None:
+        self.plane = plane
+        self.namespace = namespace
+        self._oracle_binary = oracle_binary
+        self._work_dir = work_dir
+        self._config = config
+        self._ours_factory = ours
+        self._log = log
+        self._stack = AsyncExitStack()
+        self._core: Any = None
+        self._apps: Any = None
+        self._proxy: TcpProxy | None = None
+        self._http_proxy: HttpFaultProxy | None = None
+        self._oracle: OracleProcess | None = None
+        self._ours: Ours | None = None
+
+    @property
+    def core(self) -> Any:
+        """`CoreV1Api` on the writers' apiserver."""
+        return _started(self._core)
+
+    @property
+    def apps(self) -> Any:
+        """`AppsV1Api` on the writers' apiserver."""
+        return _started(self._apps)
+
+    @property
+    def proxy(self) -> TcpProxy:
+        return _started(self._proxy)
+
+    @property
+    def http_proxy(self) -> HttpFaultProxy:
+        return _started(self._http_proxy)
+
+    @property
+    def oracle(self) -> OracleProcess:
+        return _started(self._oracle)
+
+    @property
+    def ours(self) -> Ours:
+        return _started(self._ours)
+
+    @property
+    def target_kubeconfig(self) -> Path:
+        return self._kubeconfig(self._config.target)
+
+    def check_alive(self) -> None:
+        """Raises `HarnessAborted` naming the first process that died."""
+        for what, problem in (
+            ("the TCP proxy", self.proxy.failure()),
+            ("the HTTP proxy", self.http_proxy.failure()),
+            ("the oracle", self.oracle.failure()),
+            ("our loop", self.ours.failure()),
+        ):
+            if problem is not None:
+                raise HarnessAborted(f"{what} died, so no comparison can be made: {problem}")
+
+    async def __aenter__(self) -> Rig:
+        async with AsyncExitStack() as stack:
+            await self._start(stack)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._stack.aclose()
+
+    async def _start(self, stack: AsyncExitStack) -> None:
+        from kubernetes_asyncio import client
+
+        config = self._config
+        self._work_dir.mkdir(parents=True, exist_ok=True)
+        writer_api = await stack.enter_async_context(api_client(self._writer_kubeconfig))
+        self._core = client.CoreV1Api(writer_api)
+        self._apps = client.AppsV1Api(writer_api)
+        await self._core.create_namespace({"metadata": {"name": self.namespace}})
+        self._http_proxy = await stack.enter_async_context(
+            HttpFaultProxy(
+                kubeconfig=self.target_kubeconfig,
+                name="differential-http-proxy",
+                history=config.proxy_history,
+            )
+        )
+        behind_http = self._http_proxy.write_kubeconfig(self._work_dir / "http-proxy.kubeconfig")
+        host, port = server_address(behind_http)
+        self._proxy = stack.enter_context(
+            TcpProxy(upstream_host=host, upstream_port=port, name="differential-proxy")
+        )
+        proxied = proxied_kubeconfig(
+            behind_http, self._work_dir / "proxied.kubeconfig", self._proxy.url
+        )
+        self._oracle = await stack.enter_async_context(
+            OracleProcess(
+                binary=self._oracle_binary,
+                kubeconfig=proxied,
+                namespace=self.namespace,
+                selector=SELECTOR,
+                log_path=self._work_dir / "oracle.log",
+                watch_list=config.oracle_watch_list,
+            )
+        )
+        self._ours = await stack.enter_async_context(
+            self._ours_factory(
+                OurLoopSettings(
+                    kubeconfig=proxied,
+                    namespace=self.namespace,
+                    selector=SELECTOR,
+                    watch_timeout_seconds=config.watch_timeout_seconds,
+                    streaming_list=config.streaming_list,
+                )
+            )
+        )
+        self._log(
+            f"differential: namespace {self.namespace}, clients on the {config.target} "
+            f"apiserver through {self._proxy.url} and {self._http_proxy.url} (HTTP/1.1), "
+            "writes through the other one; "
+            f"oracle WatchListClient={'on' if config.oracle_watch_list else 'off'}, "
+            f"ours streaming list={'on' if config.streaming_list else 'off'}; "
+            f"logs in {self._work_dir}"
+        )
+
+    @property
+    def _writer_kubeconfig(self) -> Path:
+        return self._kubeconfig("cached" if self._config.target == "uncached" else "uncached")
+
+    def _kubeconfig(self, name: ApiServerName) -> Path:
+        plane = self.plane
+        return plane.cached_kubeconfig if name == "cached" else plane.uncached_kubeconfig
+
+
+def _started(part: _T | None) -> _T:
+    if part is None:
+        raise HarnessAborted("the harness is not started")
+    return part
