@@ -80,14 +80,12 @@ from bench.apiserver_callgrind import (
     self_costs,
 )
 from bench.apiserver_kube_rs import ContenderUnavailable, ensure_kube_rs
-from bench.apiserver_measure import Env, Scenario, Values, measure_compiled, measure_python
+from bench.apiserver_measure import Env, Scenario, measure_compiled, measure_python
 from bench.apiserver_proc import SELECTOR
 from bench.apiserver_report import (
     INSTRUCTION_TARGETS,
     TITLES,
-    Results,
     check_targets,
-    fmt,
     plot_growth,
     print_growth,
     print_missed,
@@ -98,6 +96,7 @@ from bench.apiserver_report import (
 )
 from bench.apiserver_seed import namespace_for
 from bench.apiserver_wire import WIRE_LEVELS
+from bench.report import Results, Values, fmt
 
 CONTENDERS = ("ours", "ka", "go", "kube-rs", "ours-stream", "go-stream", *WIRE_LEVELS)
 DEFAULT_CONTENDERS = ("ours", "ka", "go", "kube-rs", "wire")

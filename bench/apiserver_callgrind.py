@@ -31,7 +31,6 @@ from bench.apiserver_measure import (
     SYNC_TIMEOUT,
     Env,
     Scenario,
-    Values,
     WriterRun,
     child,
     python_contender_args,
@@ -40,6 +39,7 @@ from bench.apiserver_measure import (
     write_and_catch_up,
 )
 from bench.apiserver_oracle import oracle_process
+from bench.report import Values
 
 RATE = 40.0
 """Writer patches per second while counting: each event its own read, for every contender."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from bench.apiserver_oracle import Oracle, baseline_rss, oracle_process
 from bench.apiserver_proc import REPO_ROOT, KernelShare, child_argv, cpu_seconds, rss_bytes
+from bench.report import Values
 
 LINE_LIMIT = 256 * 2**20
 SYNC_TIMEOUT = 600.0
@@ -34,7 +35,6 @@ POLL_COST_SHARE = 5.0
 SETTLE_SECONDS = 1.0
 """How long client-go is left alone after the writer's last acknowledgement before it is asked."""
 RSS_SAMPLE_SECONDS = 0.05
-Values = dict[str, float | None]
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,18 @@
-"""The figures of ``bench/apiserver.py``: medians over rounds, the targets, the tables, the plot.
+"""The figures of ``bench/apiserver.py``: its metrics, targets, tables and plot, on the report
+engine of ``bench/report.py``.
 
-Go counterpart: none (benchmark report). Every ratio is the median of per-round ratios, so that one
-noisy round moves neither side; a ratio above 1 means ours is better.
+Go counterpart: none (benchmark report). A ratio above 1 means ours is better.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.apiserver_measure import Values
+from bench.report import Metric, Results, Values, fmt
 
 TITLES = {
     "ours": "ours",
@@ -40,16 +39,6 @@ COLUMNS = {
 }
 PEERS = tuple(name for name in COLUMNS if name != "ours")
 SHARE_SHOWN = 0.001
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    unit: str
-    scale: float
-    higher_is_better: bool
-    compared: bool = True
-    """False: a description of a contender (a share), not a cost to take ratios of."""
 
 
 METRICS: dict[str, Metric] = {
@@ -102,42 +91,6 @@ INSTRUCTION_TARGETS = (
 )
 
 
-@dataclass
-class Results:
-    rounds: list[dict[str, Values]] = field(default_factory=list)
-
-    def median(self, name: str, key: str) -> float | None:
-        present = [v for r in self.rounds if (v := r.get(name, {}).get(key)) is not None]
-        return statistics.median(present) if present else None
-
-    def per_round(self, name: str, key: str) -> list[float | None]:
-        return [r.get(name, {}).get(key) for r in self.rounds]
-
-    def advantage(self, key: str, others: Sequence[str]) -> float | None:
-        """Median over rounds of how many times better ours is than the best of ``others``."""
-        better = METRICS[key].higher_is_better
-        ratios = []
-        for r in self.rounds:
-            ours = r.get("ours", {}).get(key)
-            theirs_all = [v for o in others if (v := r.get(o, {}).get(key)) is not None]
-            if ours is None or not theirs_all:
-                continue
-            theirs = max(theirs_all) if better else min(theirs_all)
-            if min(ours, theirs) <= 0:
-                continue
-            ratios.append(ours / theirs if better else theirs / ours)
-        return statistics.median(ratios) if ratios else None
-
-
-def fmt(value: float | None, scale: float = 1.0) -> str:
-    if value is None:
-        return "-"
-    scaled = value * scale
-    if abs(scaled) >= 100:
-        return f"{scaled:,.0f}"
-    return f"{scaled:.2f}" if abs(scaled) >= 1 else f"{scaled:.3f}"
-
-
 def present_contenders(results: Results) -> list[str]:
     return [name for name in COLUMNS if any(r.get(name) for r in results.rounds)]
 
@@ -153,7 +106,8 @@ def print_table(results: Results, title: str) -> None:
             continue
         cells = "".join(f" {fmt(results.median(n, key), metric.scale):>11}" for n in names)
         ratios = "".join(
-            f" {fmt(results.advantage(key, (p,)) if metric.compared else None):>20}" for p in peers
+            f" {fmt(results.advantage(key, metric, (p,)) if metric.compared else None):>20}"
+            for p in peers
         )
         print(f"{metric.name:42} {metric.unit:>5}{cells}{ratios}")
 
@@ -165,7 +119,7 @@ def check_targets(
     print("\ntargets (ratios within each round, median over rounds):")
     met = True
     for target in targets:
-        ratio = results.advantage(target.metric, target.others)
+        ratio = results.advantage(target.metric, METRICS[target.metric], target.others)
         name = METRICS[target.metric].name.strip()
         against = " / ".join(TITLES[o] for o in target.others)
         missing = [TITLES[o] for o in target.others if o in skipped]

@@ -11,8 +11,8 @@ import pytest
 
 from bench.apiserver import build_compiled
 from bench.apiserver_kube_rs import CARGO_ENV, ContenderUnavailable, ensure_kube_rs
-from bench.apiserver_measure import Values
-from bench.apiserver_report import Results, check_targets
+from bench.apiserver_report import check_targets
+from bench.report import Results, Values
 
 
 def fake_cargo(tmp_path: Path, build_script: str) -> Path:
