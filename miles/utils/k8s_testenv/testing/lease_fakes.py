@@ -1,5 +1,5 @@
 """An in-memory ``LeaseApi``: Leases with resourceVersions, 404 and 409 as an apiserver answers
-them, and the faults a test needs (an apiserver that is down or hangs, an edit by someone else)."""
+them, an apiserver that is down, and edits by someone else."""
 
 from __future__ import annotations
 
@@ -17,17 +17,15 @@ from miles.utils.workers.reconcile.lease_lock import (
 
 @dataclass
 class FakeLeaseApi:
-    """Leases by ``(namespace, name)``. ``down`` makes every call raise ``ConnectionError``;
-    ``hang`` makes every call wait until it is cleared (or the caller gives up). ``writes`` lists
-    each successful create or replace as ``(namespace, name, spec)``."""
+    """Leases by ``(namespace, name)``. ``down`` makes every call raise ``ConnectionError``.
+    ``writes`` lists each successful create or replace as ``(namespace, name, spec)``; ``calls``
+    counts every call."""
 
     leases: dict[tuple[str, str], LeaseObject] = field(default_factory=dict)
     down: bool = False
-    hang: bool = False
     writes: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     calls: int = 0
     _version: int = 0
-    _unhung: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def get_lease(self, *, namespace: str, name: str) -> LeaseObject:
         await self._enter()
@@ -66,17 +64,9 @@ class FakeLeaseApi:
     def spec(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(self.leases[(namespace, name)].get("spec") or {})
 
-    def resume(self) -> None:
-        """Clears ``hang`` and lets every call waiting on it through."""
-        self.hang = False
-        self._unhung.set()
-        self._unhung = asyncio.Event()
-
     async def _enter(self) -> None:
         self.calls += 1
         await asyncio.sleep(0)
-        while self.hang:
-            await self._unhung.wait()
         if self.down:
             raise ConnectionError("apiserver unreachable")
 
