@@ -35,7 +35,7 @@ from miles.utils.k8s_testenv import (
     ensure_binaries,
 )
 from miles.utils.k8s_testenv.binaries import ensure_tool_binary
-from miles.utils.k8s_testenv.testing.differential.harness import logs_to
+from miles.utils.k8s_testenv.testing.differential.lifecycle import logs_to
 from miles.utils.k8s_testenv.testing.leader_interop.analysis import analyse
 from miles.utils.k8s_testenv.testing.leader_interop.candidates import OURS_MODULE, ours_available
 from miles.utils.k8s_testenv.testing.leader_interop.harness import (

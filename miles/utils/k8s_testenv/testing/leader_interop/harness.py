@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
-from miles.utils.k8s_testenv.testing.differential.harness import (
+from miles.utils.k8s_testenv.testing.differential.lifecycle import (
     proxied_kubeconfig,
     server_address,
 )
