@@ -16,6 +16,15 @@ def positive_finite(name: str, value: float) -> float:
     return float(value)
 
 
+def delay_range(base_name: str, base: float, max_name: str, maximum: float) -> tuple[float, float]:
+    """Two finite positive delays, the second at least the first; else ``ValueError`` naming the
+    argument at fault (both, when they are out of order)."""
+    low, high = positive_finite(base_name, base), positive_finite(max_name, maximum)
+    if high < low:
+        raise ValueError(f"{max_name} ({maximum!r}) must be at least {base_name} ({base!r})")
+    return low, high
+
+
 def optional_period(name: str, value: float | None) -> float | None:
     """A period that may be switched off: ``None`` or ``<= 0`` is off (``None``); a positive
     value must be finite; anything else is a ``ValueError`` naming the argument."""

@@ -17,12 +17,16 @@ DEFAULT_FACTOR = 2.0
 DEFAULT_JITTER = 1.0
 DEFAULT_CAP = 30.0
 DEFAULT_RESET_AFTER = 120.0
+MINIMUM_INITIAL = 0.001
+"""A smaller ``initial`` is raised to this: from 5e-324, doubling would take 1,000 steps to reach
+a second, one request each."""
 
 
 class Backoff:
     """Delays that start at ``initial`` and double up to ``cap``, each stretched by a random
     ``[0, jitter)`` fraction of itself, as Go's ``wait.Jitter``; so a delay lies in
-    ``[d, d * (1 + jitter))`` and is never zero.
+    ``[d, d * (1 + jitter))`` and is never zero. ``initial`` is at least ``MINIMUM_INITIAL``, so
+    the steps from it to ``cap`` are at most 15.
 
     As Go's ``backoffManager.Step``, the first delay asked for more than ``reset_after`` seconds
     after the last reset starts over at ``initial``, failures or not: under faults that never
@@ -43,7 +47,7 @@ class Backoff:
         rand: Callable[[], float] = random.random,
     ) -> None:
         self._clock = clock
-        self._initial = positive_finite("initial", initial)
+        self._initial = max(positive_finite("initial", initial), MINIMUM_INITIAL)
         self._factor = factor if factor >= 1.0 else 1.0
         self._jitter = max(0.0, jitter)
         self._cap = max(self._initial, positive_finite("cap", cap))

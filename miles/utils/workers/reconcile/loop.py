@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from miles.utils.workers.reconcile.arguments import optional_period, positive_finite
+from miles.utils.workers.reconcile.arguments import delay_range, optional_period, positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock, time_function
 from miles.utils.workers.reconcile.log import NamedLogger
 from miles.utils.workers.reconcile.object_store import KeyMapFn, ObjectStore
@@ -35,6 +36,11 @@ DEFAULT_SLOW_RECONCILE_AFTER = 60.0
 DEFAULT_NAME = "reconcile"
 SAMPLE_PERIOD = 1.0
 """How often the watchdog stamps the time of the last event (so it is at most this late)."""
+MINIMUM_RESYNC_PERIOD = 1.0
+"""A smaller positive ``resync_period`` is raised to this, with one warning (client-go's
+``minimumResyncPeriod``)."""
+MINIMUM_WATCHDOG_SLEEP = 0.1
+"""The watchdog never sleeps less, whatever ``slow_reconcile_after`` or ``reconcile_timeout``."""
 ReconcileFn = Callable[[ParentKey], Awaitable[None]]
 
 _STOP_INSIDE_RECONCILE = (
@@ -89,8 +95,9 @@ class ReconcileLoop:
         leadership: Leadership | None = None,
     ) -> None:
         self._resync_period = optional_period("resync_period", resync_period)
-        positive_finite("failure_base_delay", failure_base_delay)
-        positive_finite("failure_max_delay", failure_max_delay)
+        delay_range(
+            "failure_base_delay", failure_base_delay, "failure_max_delay", failure_max_delay
+        )
         source_retry_delay = positive_finite("source_retry_delay", source_retry_delay)
         self._slow_after = positive_finite("slow_reconcile_after", slow_reconcile_after)
         self._timeout = (
@@ -102,6 +109,14 @@ class ReconcileLoop:
         self._reporter = _status_reporter(source)
         self.name = _loop_name(name, source, self._reporter)
         self._log = NamedLogger(logger, self.name)
+        if self._resync_period is not None and self._resync_period < MINIMUM_RESYNC_PERIOD:
+            self._log.warning(
+                "resync_period=%r is below the minimum of %ss; resyncing every %ss",
+                resync_period,
+                MINIMUM_RESYNC_PERIOD,
+                MINIMUM_RESYNC_PERIOD,
+            )
+            self._resync_period = MINIMUM_RESYNC_PERIOD
         self._reconcile = reconcile
         self._clock: Clock = RealClock() if clock is None else clock
         self._metrics: LoopSeries | None = None
@@ -426,13 +441,13 @@ class ReconcileLoop:
             self.reconcile_timeouts += 1
             reason = f"timed out after reconcile_timeout={self._timeout}s and was cancelled"
             delay = self._retries.note_failure(parent, reason)
-            self._log.error("reconcile of parent %r %s; retrying in %.3gs", parent, reason, delay)
+            self._log.error("reconcile of parent %r %s; %s", parent, reason, _retrying(delay))
             return
         delay = self._retries.note_failure(parent, _one_line(error))
         self._log.error(
-            "reconcile of parent %r failed, retrying in %.3gs: %r",
+            "reconcile of parent %r failed, %s: %r",
             parent,
-            delay,
+            _retrying(delay),
             error,
             exc_info=error,
         )
@@ -442,8 +457,10 @@ class ReconcileLoop:
         ``reconcile_timeout``; stamps the driver's last event time. Sleeps until the next
         deadline of the reconcile in flight, but never longer than ``SAMPLE_PERIOD`` or half the
         smaller threshold, so a reconcile that starts meanwhile is seen before its own first
-        deadline, which is then met exactly."""
+        deadline, which is then met exactly; nor shorter than ``MINIMUM_WATCHDOG_SLEEP``, so a
+        threshold below twice that is met up to that late instead of the watchdog spinning."""
         idle = min(self._slow_after / 2, (self._timeout or self._slow_after) / 2, SAMPLE_PERIOD)
+        idle = max(idle, MINIMUM_WATCHDOG_SLEEP)
         clock, driver = self._clock, self._driver
         while True:
             now = clock.time()
@@ -510,6 +527,10 @@ async def _absorb_pending_cancellation(owner: asyncio.Task[Any]) -> None:
     except asyncio.CancelledError:
         if owner.cancelling() > 0:
             raise
+
+
+def _retrying(delay: float) -> str:
+    return f"retrying in {delay:.3g}s" if math.isfinite(delay) else "not retried: the loop stopped"
 
 
 def _one_line(error: BaseException) -> str:

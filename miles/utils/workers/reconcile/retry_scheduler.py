@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from miles.utils.workers.reconcile.arguments import positive_finite
+from miles.utils.workers.reconcile.arguments import delay_range
 from miles.utils.workers.reconcile.clock import Clock
 from miles.utils.workers.reconcile.log import NamedLogger
 
@@ -36,8 +37,11 @@ class RetryScheduler(Generic[K]):
     A new failure overwrites the key's deadline instead of adding a second one, so the delay always
     matches the latest failure. One poller, started here and cancelled by :meth:`shutdown`, sweeps
     the deadlines every ``POLL_INTERVAL``; a retry therefore fires at most one interval late.
-    Both delays must be finite and positive (``ValueError`` naming the argument otherwise), so no
-    configuration retries without waiting.
+    Both delays must be finite and positive, and the maximum at least the base (``ValueError``
+    naming the argument otherwise), so no configuration retries without waiting.
+
+    Once :meth:`cancel` or :meth:`shutdown` has run nothing fires again, so nothing is pending:
+    the retries waiting are dropped and a failure noted later records nothing.
     """
 
     def __init__(
@@ -50,8 +54,9 @@ class RetryScheduler(Generic[K]):
         name: str = "reconcile",
     ) -> None:
         self._on_retry = on_retry
-        self._base_delay = positive_finite("failure_base_delay", failure_base_delay)
-        self._max_delay = positive_finite("failure_max_delay", failure_max_delay)
+        self._base_delay, self._max_delay = delay_range(
+            "failure_base_delay", failure_base_delay, "failure_max_delay", failure_max_delay
+        )
         self._clock = clock
         self._log = NamedLogger(logger, name)
         self._failures: dict[K, int] = {}
@@ -64,7 +69,10 @@ class RetryScheduler(Generic[K]):
         )
 
     def note_failure(self, key: K, error: str = "") -> float:
-        """Schedules the key's retry; returns the delay until it is due."""
+        """Schedules the key's retry; returns the delay until it is due, ``math.inf`` once the
+        scheduler has stopped (nothing is recorded then)."""
+        if self.stopped:
+            return math.inf
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
         delay = self._delay_after(failures)
@@ -96,12 +104,20 @@ class RetryScheduler(Generic[K]):
         exponent = min(failures - 1, _MAX_EXPONENT)
         return float(min(self._base_delay * 2**exponent, self._max_delay))
 
+    @property
+    def stopped(self) -> bool:
+        return self._poller.done() or self._poller.cancelling() > 0
+
     def cancel(self) -> None:
-        """Stops the poller without waiting for it; ``shutdown()`` still waits."""
+        """Stops the poller without waiting for it, and drops what was pending; ``shutdown()``
+        still waits."""
         self._poller.cancel()
+        self._failures.clear()
+        self._deadlines.clear()
+        self._errors.clear()
 
     async def shutdown(self) -> None:
-        self._poller.cancel()
+        self.cancel()
         await asyncio.wait([self._poller])
 
     async def _poll(self) -> None:

@@ -370,3 +370,44 @@ async def test_one_events_parents_are_reconciled_in_a_fixed_order() -> None:
         source.push(delete(Pod("d", "cell-3")))
         await settle()
         assert recorder.calls == ["cell-3"]
+
+
+async def test_a_maximum_failure_delay_below_the_base_is_rejected_naming_both() -> None:
+    """Issue 24.3: chosen as the original did; every delay silently became the maximum."""
+    before = asyncio.all_tasks()
+    with pytest.raises(
+        ValueError, match=r"failure_max_delay \(1.0\) .* failure_base_delay \(2.0\)"
+    ):
+        _loop(FakeSource(), Recorder(), FakeClock(), failure_base_delay=2.0, failure_max_delay=1.0)
+    assert asyncio.all_tasks() == before
+
+
+async def test_a_stopped_loop_reports_no_retry_and_a_failure_while_stopping_records_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 24.3: a parent that failed before ``stop()`` is not reported as waiting for a retry
+    that will never fire, and a reconcile that fails while the loop stops (it swallowed the
+    cancellation) records no retry and says so."""
+    source, clock = FakeSource(), FakeClock()
+    source.push(replace(Pod("a", "cell-0"), Pod("b", "cell-1")))
+    release = asyncio.Event()
+
+    async def reconcile(parent: ParentKey) -> None:
+        if parent == "cell-0":
+            raise RuntimeError("boom")
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    loop = _loop(source, reconcile, clock)
+    await loop.start()
+    await settle()
+    assert [retry.parent for retry in loop.status().retries] == ["cell-0"]
+    with caplog.at_level(logging.ERROR):
+        await loop.stop()
+    assert loop.status().retries == ()
+    assert loop.retry_scheduler.pending() == []
+    assert any(
+        "'cell-1' failed, not retried: the loop stopped" in r.getMessage() for r in caplog.records
+    )

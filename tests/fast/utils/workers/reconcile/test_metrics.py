@@ -95,7 +95,13 @@ async def test_reconcile_series_by_result_errors_timeouts_and_time() -> None:
         await clock.sleep(0.2)
 
     loop = _loop(
-        source, reconcile, clock, metrics=registry, reconcile_timeout=3.0, failure_base_delay=100.0
+        source,
+        reconcile,
+        clock,
+        metrics=registry,
+        reconcile_timeout=3.0,
+        failure_base_delay=100.0,
+        failure_max_delay=100.0,
     )
     source.push(replace(Pod("a", "cell-0"), Pod("b", "cell-1"), Pod("c", "cell-2")))
     async with loop:

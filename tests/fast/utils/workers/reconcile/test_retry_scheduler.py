@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 import pytest
 
@@ -163,3 +164,38 @@ async def test_huge_failure_counts_stay_capped_without_overflow(
     assert fired.at == [("k", 30.0)]
     assert not caplog.records
     await scheduler.shutdown()
+
+
+@pytest.mark.parametrize("stop", ["shutdown", "cancel"])
+async def test_after_shutdown_nothing_is_pending_and_a_failure_records_nothing(stop: str) -> None:
+    """Issue 24.3: a retry that can never fire is not pending. What waited is dropped at
+    shutdown, and a failure noted later returns an infinite delay and records nothing."""
+    clock = FakeClock()
+    fired = _Fired(clock)
+    scheduler = _scheduler(clock, fired)
+    scheduler.note_failure("cell-0", "boom")
+    assert [retry.key for retry in scheduler.pending()] == ["cell-0"]
+    if stop == "shutdown":
+        await scheduler.shutdown()
+    else:
+        scheduler.cancel()
+    assert scheduler.stopped
+    assert scheduler.pending() == []
+    assert scheduler.note_failure("cell-1", "late") == math.inf
+    assert (scheduler.pending(), scheduler.failures("cell-1"), scheduler.retries) == ([], 0, 1)
+    await clock.advance(100.0)
+    assert fired.at == []
+    await scheduler.shutdown()
+
+
+@pytest.mark.parametrize(("base", "cap"), [(2.0, 1.0), (1.0, 0.5), (60.0, 1e-9)])
+async def test_a_maximum_delay_below_the_base_is_rejected_naming_both(
+    base: float, cap: float
+) -> None:
+    """Issue 24.3: it used to make every delay the maximum, silently (client-go's
+    ``ItemExponentialFailureRateLimiter`` does the same); the original rejected it."""
+    before = asyncio.all_tasks()
+    message = rf"failure_max_delay \({cap!r}\) must be at least failure_base_delay \({base!r}\)"
+    with pytest.raises(ValueError, match=message):
+        _scheduler(FakeClock(), _Fired(FakeClock()), base=base, cap=cap)
+    assert asyncio.all_tasks() == before
