@@ -337,3 +337,21 @@ async def test_a_port_taken_is_one_line_and_exit_1(caplog: pytest.LogCaptureFixt
         assert await run_until_signalled(second) == 1
         first.request_stop()
     assert any("health probe server cannot listen" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_manager_that_cannot_start_leaves_its_loops_stopped_and_no_task() -> None:
+    clock, source = FakeClock(), FakeSource()
+    before = asyncio.all_tasks()
+    async with _manager(clock=clock) as first:
+        loop = _loop(source, Gate(), clock)
+        second = Manager(
+            loops=[loop],
+            clock=clock,
+            health_probe_address=f"127.0.0.1:{first.probe_port}",
+            metrics_address="0",
+        )
+        with pytest.raises(OSError, match="cannot listen"):
+            await second.__aenter__()
+        first.request_stop()
+    assert loop.status().stopped
+    assert asyncio.all_tasks() <= before
