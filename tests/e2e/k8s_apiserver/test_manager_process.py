@@ -2,8 +2,8 @@
 ``Manager``) against the real etcd and kube-apiserver (watch cache on), run as a subprocess.
 
 Its probes and metrics answer over HTTP; SIGTERM in the middle of a reconcile lets that reconcile
-finish and the process exit 0; a reconcile longer than the grace period is cut and the process
-exits 1 with CR's one line.
+finish, releases the Lease when electing (``--leader-elect``), and the process exits 0; a
+reconcile longer than the grace period is cut and the process exits 1 with CR's one line.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import ApiClientFactory
@@ -25,6 +26,7 @@ from tests.fast.utils.workers.reconcile.http_probe import get
 
 EXAMPLE = "miles.utils.workers.reconcile.examples.pod_counter"
 PROCESS_SECONDS = 60.0
+LEASE = "pod-counter"
 
 
 class Controller:
@@ -100,11 +102,16 @@ async def _create_pod(k8s_api_client: ApiClientFactory, namespace: str) -> None:
         await core_v1.create_namespaced_pod(namespace, manifest)
 
 
+@pytest.mark.parametrize("electing", [False, True], ids=["alone", "electing"])
 async def test_probes_metrics_and_sigterm_mid_reconcile_finish_it_and_exit_0(
-    cached_kubeconfig: Path, k8s_namespace: str, k8s_api_client: ApiClientFactory
+    cached_kubeconfig: Path,
+    k8s_namespace: str,
+    k8s_api_client: ApiClientFactory,
+    electing: bool,
 ) -> None:
     await _create_pod(k8s_api_client, k8s_namespace)
-    async with controller(cached_kubeconfig, k8s_namespace, "--reconcile-seconds", "3") as running:
+    args = ("--reconcile-seconds", "3", *(("--leader-elect",) if electing else ()))
+    async with controller(cached_kubeconfig, k8s_namespace, *args) as running:
         probe = await eventually(
             lambda: running.port("health probe"), what="the probe server", context=running.log
         )
@@ -115,8 +122,12 @@ async def test_probes_metrics_and_sigterm_mid_reconcile_finish_it_and_exit_0(
         await eventually(
             lambda: running.saw("reconcile of web started"), what="a reconcile", context=running.log
         )
+        checks = ["[+]leader-election ok"] if electing else []
+        checks += [f"[+]{k8s_namespace} ok", "healthz check passed"]
         ready = await get(probe, "/readyz?verbose")
-        assert (ready.status, ready.body) == (200, f"[+]{k8s_namespace} ok\nhealthz check passed\n")
+        assert (ready.status, ready.body) == (200, "\n".join(checks) + "\n")
+        if electing:
+            assert await _lease_holder(k8s_api_client, k8s_namespace) not in (None, "")
         scraped = await get(metrics, "/metrics")
         assert f'workqueue_depth{{controller="{k8s_namespace}"' in scraped.body
         assert "process_resident_memory_bytes" in scraped.body
@@ -124,6 +135,17 @@ async def test_probes_metrics_and_sigterm_mid_reconcile_finish_it_and_exit_0(
         assert await running.exit_status() == 0, running.log()
     assert running.saw("reconcile of web finished: 1 pods"), running.log()
     assert running.saw("SIGTERM: stopping")
+    if electing:
+        assert running.saw("released lease")
+        assert await _lease_holder(k8s_api_client, k8s_namespace) == ""
+
+
+async def _lease_holder(k8s_api_client: ApiClientFactory, namespace: str) -> str | None:
+    async with k8s_api_client("cached") as api:
+        coordination: Any = client.CoordinationV1Api(api)
+        lease = await coordination.read_namespaced_lease(LEASE, namespace)
+    holder = lease.spec.holder_identity
+    return None if holder is None else str(holder)
 
 
 async def test_a_reconcile_longer_than_the_grace_is_cut_and_the_process_exits_1(

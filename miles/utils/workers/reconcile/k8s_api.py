@@ -436,6 +436,14 @@ class KubernetesAsyncioLeaseApi:
         self._coordination = coordination_v1_api
         self._timeout = positive_finite("request_timeout", request_timeout)
 
+    @classmethod
+    def beside(cls, core_v1_api: Any, *, request_timeout: float = 5.0) -> KubernetesAsyncioLeaseApi:
+        """On the same ``ApiClient`` (connection pool and credentials) as ``core_v1_api``."""
+        from kubernetes_asyncio import client
+
+        coordination = client.CoordinationV1Api(core_v1_api.api_client)
+        return cls(coordination_v1_api=coordination, request_timeout=request_timeout)
+
     async def get_lease(self, *, namespace: str, name: str) -> dict[str, Any]:
         read = self._coordination.read_namespaced_lease
         return await self._call("Lease GET", read, name, namespace)

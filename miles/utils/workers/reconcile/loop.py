@@ -302,6 +302,11 @@ class ReconcileLoop:
     def in_flight_since(self) -> float | None:
         return None if self._in_flight is None else self._in_flight_since
 
+    @property
+    def leadership(self) -> Leadership | None:
+        """What gates the worker (``leadership=``), ``None`` if it reconciles unconditionally."""
+        return self._leadership
+
     def _check_event_loop(self, what: str) -> None:
         if asyncio.get_running_loop() is not self._event_loop:
             raise RuntimeError(

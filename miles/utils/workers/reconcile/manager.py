@@ -100,6 +100,8 @@ class Manager:
         names = [loop.name for loop in loops]
         if len(set(names)) != len(names):
             raise ValueError(f"every loop of a manager needs its own name, got {names}")
+        if elector is not None:
+            _check_gated(loops)
         self._loops = tuple(loops)
         self._elector = elector
         self._grace = (
@@ -284,6 +286,15 @@ def _synced(loop: ReconcileLoop) -> Any:
         return None if loop.status().synced else "not synced"
 
     return check
+
+
+def _check_gated(loops: Sequence[ReconcileLoop]) -> None:
+    ungated = [loop.name for loop in loops if loop.leadership is None]
+    if ungated:
+        raise ValueError(
+            f"reconcile loops {ungated} would reconcile without leading: with an elector, construct"
+            " every loop with leadership=elector (Go: LeaderElectionRunnable)"
+        )
 
 
 def _non_negative(name: str, value: float) -> float:

@@ -5,7 +5,9 @@ Go: a kubebuilder ``cmd/main.go`` (flags, ``ctrl.NewManager``, ``mgr.Start(Setup
 
 It serves ``/healthz`` and ``/readyz`` on ``--health-probe-bind-address`` (default ``:8081``) and
 ``/metrics`` on ``--metrics-bind-address`` (default ``:8080``, ``0`` off); SIGTERM lets the
-reconcile in flight finish within ``--graceful-shutdown-timeout`` and exits 0. It connects with
+reconcile in flight finish within ``--graceful-shutdown-timeout`` and exits 0. ``--leader-elect``
+reconciles only while this process holds the Lease ``--leader-election-id`` (identity
+``hostname_uuid``, as CR's), releases it on SIGTERM, and exits 1 if it loses it. It connects with
 the kubeconfig (``--kubeconfig``, ``KUBECONFIG``, ``~/.kube/config``) or, in a pod, the service
 account. ``--reconcile-seconds`` makes each reconcile take that long, to watch a shutdown wait.
 """
@@ -16,11 +18,15 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 import sys
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from miles.utils.workers.reconcile.clock import RealClock
+from miles.utils.workers.reconcile.leader_election import LeaderElector
+from miles.utils.workers.reconcile.lease_lock import LeaseLock
 from miles.utils.workers.reconcile.manager import (
     DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
     DEFAULT_HEALTH_PROBE_ADDRESS,
@@ -48,13 +54,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--graceful-shutdown-timeout", type=float, default=DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT
     )
+    parser.add_argument(
+        "--leader-elect", action="store_true", help="reconcile only while holding the Lease"
+    )
+    parser.add_argument("--leader-election-id", default="pod-counter", help="the Lease's name")
+    parser.add_argument(
+        "--leader-election-namespace", help="the Lease's namespace (default: --namespace's)"
+    )
     return parser.parse_args(argv)
 
 
 async def run(args: argparse.Namespace) -> int:
     from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
     from miles.utils.workers.reconcile.cli.watch_view import parent_label_map
-    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+    from miles.utils.workers.reconcile.k8s_api import (
+        KubernetesAsyncioLeaseApi,
+        KubernetesAsyncioPodApi,
+    )
     from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
     from miles.utils.workers.reconcile.loop import ReconcileLoop
 
@@ -67,6 +83,15 @@ async def run(args: argparse.Namespace) -> int:
             label_selector=args.selector,
         )
         clock = RealClock()
+        elector = None
+        if args.leader_elect:
+            lock = LeaseLock(
+                lease_api=KubernetesAsyncioLeaseApi.beside(session.core_v1_api),
+                namespace=args.leader_election_namespace or session.namespace,
+                name=args.leader_election_id,
+                identity=f"{socket.gethostname()}_{uuid.uuid4()}",
+            )
+            elector = LeaderElector(lock=lock)
 
         async def reconcile(parent: ParentKey) -> None:
             logger.info("reconcile of %s started", parent)
@@ -79,9 +104,11 @@ async def run(args: argparse.Namespace) -> int:
             reconcile=reconcile,
             key_map=parent_label_map(args.parent_label),
             metrics=_global_registry() if metrics else None,
+            leadership=elector,
         )
         manager = Manager(
             loops=[loop],
+            elector=elector,
             health_probe_address=args.health_probe_bind_address,
             metrics_address=args.metrics_bind_address,
             graceful_shutdown_timeout=args.graceful_shutdown_timeout,

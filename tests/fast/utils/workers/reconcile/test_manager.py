@@ -1,18 +1,20 @@
 """Fast layer: ``manager.py`` rows (CR ``pkg/manager``): probes over a real socket on 127.0.0.1,
-graceful shutdown on a ``FakeClock``, leader election through a fake elector of
-``LeaderElector``'s shape."""
+graceful shutdown on a ``FakeClock``, leader election through the real ``LeaderElector`` on a
+``FakeLeaseApi``."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
-from types import TracebackType
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from miles.utils.k8s_testenv.testing.lease_fakes import FakeLeaseApi
 from miles.utils.workers.reconcile.clock import FakeClock, settle
+from miles.utils.workers.reconcile.leader_election import LeaderElector
+from miles.utils.workers.reconcile.lease_lock import LeaseLock, LeaseObject
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.manager import Manager, ManagerError, run_until_signalled
 from miles.utils.workers.reconcile.source_event import ParentKey
@@ -22,43 +24,23 @@ from tests.fast.utils.workers.reconcile.http_probe import get
 GRACE = 30.0
 
 
-class FakeElector:
-    """``LeaderElector``'s shape: leads on entry unless told otherwise, releases on exit."""
+class RecordingLeaseApi(FakeLeaseApi):
+    """Notes, at each write that releases the lease, whether every watched loop had stopped."""
 
-    def __init__(self, *, leading: bool = True) -> None:
-        self.identity = "me"
-        self.leading = leading
-        self.entered = self.released = False
-        self.loops_stopped_at_release: list[bool] = []
+    def __init__(self) -> None:
+        super().__init__()
         self.watched: list[ReconcileLoop] = []
-        self.health: str | None = None
-        self._lost = asyncio.Event()
+        self.loops_stopped_at_release: list[bool] = []
 
-    def is_leader(self) -> bool:
-        return self.leading
+    async def replace_lease(self, *, namespace: str, name: str, lease: LeaseObject) -> LeaseObject:
+        if not lease["spec"].get("holderIdentity"):
+            self.loops_stopped_at_release = [loop.status().stopped for loop in self.watched]
+        return await super().replace_lease(namespace=namespace, name=name, lease=lease)
 
-    async def wait_until_lost(self) -> None:
-        await self._lost.wait()
 
-    def lose(self) -> None:
-        self.leading = False
-        self._lost.set()
-
-    def check(self) -> str | None:
-        return self.health
-
-    async def __aenter__(self) -> FakeElector:
-        self.entered = True
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.loops_stopped_at_release = [loop.status().stopped for loop in self.watched]
-        self.released = True
+def _elector(api: FakeLeaseApi, clock: FakeClock) -> LeaderElector:
+    lock = LeaseLock(lease_api=api, namespace="ns", name="lease", identity="me")
+    return LeaderElector(lock=lock, clock=clock)
 
 
 class Gate:
@@ -84,15 +66,16 @@ class Gate:
 
 
 def _loop(
-    source: FakeSource, reconcile: Gate, clock: FakeClock, name: str = "pods"
+    source: FakeSource, reconcile: Gate, clock: FakeClock, leadership: LeaderElector | None = None
 ) -> ReconcileLoop:
     return ReconcileLoop(
         source=source,
         reconcile=reconcile,
         key_map=parent_of,
         clock=clock,
-        name=name,
+        name="pods",
         resync_period=None,
+        leadership=leadership,
     )
 
 
@@ -218,35 +201,54 @@ async def test_a_stop_without_grace_cancels_the_reconcile_at_once() -> None:
 
 
 async def test_the_lease_is_released_after_every_loop_stopped() -> None:
-    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    clock, source, gate, api = FakeClock(), FakeSource(), Gate(), RecordingLeaseApi()
     gate.open()
     source.push(replace(Pod("p", "a")))
-    elector = FakeElector()
-    loop = _loop(source, gate, clock)
-    elector.watched.append(loop)
+    elector = _elector(api, clock)
+    loop = _loop(source, gate, clock, leadership=elector)
+    api.watched.append(loop)
     async with _manager(loop, clock=clock, elector=elector) as manager:
-        assert elector.entered
         await _until(lambda: gate.finished == ["a"])
+        assert api.spec("ns", "lease")["holderIdentity"] == "me"
         port = manager.probe_port
         assert port is not None
         verbose = await get(port, "/readyz?verbose")
         assert verbose.body == "[+]leader-election ok\n[+]pods ok\nhealthz check passed\n"
-        elector.health = "renewal overdue"
-        assert (await get(port, "/healthz/leader-election")).status == 500
+        assert (await get(port, "/healthz/leader-election")).body == "ok"
         manager.request_stop()
         await manager.wait()
-    assert elector.released
-    assert elector.loops_stopped_at_release == [True]
+    assert api.spec("ns", "lease")["holderIdentity"] == ""
+    assert api.loops_stopped_at_release == [True]
+
+
+async def test_a_candidate_standing_by_is_ready_and_reconciles_nothing() -> None:
+    clock, source, gate, api = FakeClock(), FakeSource(), Gate(), FakeLeaseApi()
+    api.leases[("ns", "lease")] = {"metadata": {"name": "lease", "resourceVersion": "0"}}
+    api.edit("ns", "lease", holderIdentity="other", leaseDurationSeconds=15)
+    source.push(replace(Pod("p", "a")))
+    elector = _elector(api, clock)
+    loop = _loop(source, gate, clock, leadership=elector)
+    async with _manager(loop, clock=clock, elector=elector) as manager:
+        await _until(lambda: loop.status().synced)
+        await clock.advance(10.0)
+        port = manager.probe_port
+        assert port is not None
+        assert (await get(port, "/readyz")).body == "ok"
+        assert elector.leader == "other"
+        manager.request_stop()
+    assert gate.started == []
+    assert api.spec("ns", "lease")["holderIdentity"] == "other"
 
 
 async def test_leadership_lost_stops_at_once_with_cr_s_line() -> None:
-    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    clock, source, gate, api = FakeClock(), FakeSource(), Gate(), FakeLeaseApi()
     source.push(replace(Pod("p", "a")))
-    elector = FakeElector()
-    manager = _manager(_loop(source, gate, clock), clock=clock, elector=elector)
+    elector = _elector(api, clock)
+    manager = _manager(_loop(source, gate, clock, leadership=elector), clock=clock, elector=elector)
     await manager.__aenter__()
     await _until(lambda: gate.started == ["a"])
-    elector.lose()
+    api.down = True
+    await clock.advance(11.0)
     port = manager.probe_port
     assert port is not None
     with pytest.raises(ManagerError, match=r"^leader election lost$") as lost:
@@ -254,7 +256,17 @@ async def test_leadership_lost_stops_at_once_with_cr_s_line() -> None:
     assert (await get(port, "/readyz/leader-election")).status == 500
     await manager.__aexit__(ManagerError, lost.value, None)
     assert gate.cancelled == ["a"]
-    assert elector.released
+
+
+def test_with_an_elector_every_loop_must_be_gated() -> None:
+    async def build() -> None:
+        clock = FakeClock()
+        with pytest.raises(ValueError, match=r"\['pods'\] would reconcile without leading"):
+            Manager(
+                loops=[_loop(FakeSource(), Gate(), clock)], elector=_elector(FakeLeaseApi(), clock)
+            )
+
+    asyncio.run(build())
 
 
 async def test_metrics_are_served_from_the_loops_registry() -> None:
