@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from bench.apiserver_proc import SELECTOR, AppliedEvents, first_resource_version
-from miles.utils.workers.reconcile.k8s_wire import FrameDecodeError, decode_watch_line
+from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
+from miles.utils.workers.reconcile.k8s_wire import decode_watch_line
 
 PAGE_SIZE = 500
 _CONTINUE = re.compile(rb'"continue":"([^"]*)"')

@@ -25,8 +25,8 @@ from typing import Any
 from miles.utils.k8s_testenv.testing.k8s_fakes import frame, list_body, pod_bytes, realistic_pod
 from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
-from miles.utils.workers.reconcile.k8s_api import decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.k8s_types import Pod, PodList
+from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
 
 Timed = tuple[Callable[[], object], int]
 

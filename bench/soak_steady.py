@@ -34,8 +34,8 @@ from typing import Any
 
 from bench.soak_sampler import glibc, heap_mib, pymalloc_mib, rss_mib, status_mib, two_term_fit
 from miles.utils.k8s_testenv.testing.k8s_fakes import realistic_pod
-from miles.utils.workers.reconcile.k8s_api import PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 

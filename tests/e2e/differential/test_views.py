@@ -18,7 +18,7 @@ from miles.utils.k8s_testenv.testing.differential.views import (
     status_of_json,
     status_of_pod,
 )
-from miles.utils.workers.reconcile.k8s_api import decode_pod_list
+from miles.utils.workers.reconcile.k8s_wire import decode_pod_list
 
 RECORDED = json.loads(
     (Path(__file__).parents[2] / "fast/utils/workers/reconcile/wire/printer_pods.json").read_text()

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
-from miles.utils.workers.reconcile.k8s_api import PodListPage
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_values import PodListPage
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 if TYPE_CHECKING:

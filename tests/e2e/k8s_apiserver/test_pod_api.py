@@ -19,12 +19,10 @@ from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import ApiClientFactory, ApiServerName, LocalControlPlane
 from miles.utils.k8s_testenv.testing.pod_api_recorder import aclose, closing
-from miles.utils.workers.reconcile.k8s_api import (
-    KubernetesApiError,
-    KubernetesAsyncioPodApi,
-    PodWatchEvent,
-)
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_reflector import LIST_PAGE_SIZE, KubernetesReflector
+from miles.utils.workers.reconcile.k8s_values import PodWatchEvent
 from miles.utils.workers.reconcile.source_event import ReplaceEvent
 from tests.e2e.k8s_apiserver.harness import (
     CELL_LABEL,

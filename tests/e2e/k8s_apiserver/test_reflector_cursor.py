@@ -19,12 +19,9 @@ from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import ApiClientFactory, ApiServerName, LocalControlPlane
 from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
-from miles.utils.workers.reconcile.k8s_api import (
-    KubernetesApiError,
-    KubernetesAsyncioPodApi,
-    PodListPage,
-    PodWatchEvent,
-)
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
 from tests.e2e.k8s_apiserver.harness import (
     FUTURE_OFFSET,
     SELECTOR,

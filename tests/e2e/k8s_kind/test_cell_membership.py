@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pytest
 
 from miles.utils.k8s_testenv.kubelet import KubeletLayer
-from miles.utils.workers.reconcile.k8s_api import PodWatchEvent
 from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_values import PodWatchEvent
 from tests.e2e.k8s_kind.cell_harness import CellHarness, is_running_and_ready
 
 pytestmark = pytest.mark.k8s_kind

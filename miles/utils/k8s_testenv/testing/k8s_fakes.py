@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles.utils.workers.reconcile.k8s_api import PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
 
 PARENT_LABEL = "miles.io/cell"
 GATE = "miles.io/paired"

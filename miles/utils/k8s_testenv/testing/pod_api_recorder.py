@@ -15,13 +15,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from miles.utils.workers.reconcile.k8s_api import (
-    KubernetesAsyncioPodApi,
-    KubernetesPodApi,
-    PagedPodApi,
-    PodListPage,
-    PodWatchEvent,
-)
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, PagedPodApi
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
 
 T = TypeVar("T")
 LogEntry = PodListPage | PodWatchEvent

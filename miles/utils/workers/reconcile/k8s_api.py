@@ -1,23 +1,20 @@
 """Pod LIST and WATCH over ``kubernetes_asyncio``'s transport. Go: typed ``PodInterface``.
 
-``KubernetesPodApi`` is the contract's protocol: ``list_pods`` and ``stream_pods``, nothing else,
-and the reflector works over any object offering those two. Two optional capabilities, found with
-``isinstance``, let it do more: ``PagedPodApi`` (one page of a LIST, with a limit, a continue token
-or a resourceVersion: pagination and the cursor probe), ``PrefetchPagedPodApi`` (a page read now
-and decoded later, so the next one can be requested meanwhile) and ``StreamingListPodApi`` (a watch
-that first streams the current pods, ending at the ``k8s.io/initial-events-end`` bookmark).
-``KubernetesAsyncioPodApi`` offers all three.
+``KubernetesAsyncioPodApi`` is the contract's ``KubernetesPodApi`` (``k8s_interfaces``) with all
+three optional capabilities, over a ``CoreV1Api``; ``KubernetesAsyncioLeaseApi`` is
+``lease_lock.LeaseApi`` over a ``CoordinationV1Api``.
 
 The only module that touches ``kubernetes_asyncio``, and only through the ``CoreV1Api`` object it is
 given: every call passes ``_preload_content=False``, so the client's own model deserializer (tens of
 times slower than a partial pydantic model validated from bytes, see ``bench/decode.py``, and run
-after a second ``json`` round trip per frame by its ``Watch``) never runs; the bytes are decoded by
-``k8s_wire``. ``aiohttp``'s exceptions are translated here, where they arise, into
-``KubernetesConnectionError`` (and non-2xx answers into ``KubernetesApiError``), so no module above
-this one knows the HTTP client. ``aiohttp`` is imported lazily, so the loop stays importable
-without the ``k8s`` extra.
+after a second ``json`` round trip per frame by its ``Watch``) never runs; the body is cut into
+lines by ``k8s_framing`` and decoded by ``k8s_wire``. ``aiohttp``'s exceptions are translated here,
+where they arise, into ``KubernetesConnectionError`` (and non-2xx answers into
+``KubernetesApiError``), so no module above this one knows the HTTP client. ``aiohttp`` is imported
+lazily, so the loop stays importable without the ``k8s`` extra.
 
-The names of ``k8s_wire`` that callers imported from here before the split are re-exported.
+The contract's names stay importable from here (``PodListPage``, ``PodWatchEvent``,
+``KubernetesPodApi``, ``exception_rejects_cursor``); each lives in its own module.
 """
 
 from __future__ import annotations
@@ -26,52 +23,34 @@ import errno
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from miles.utils.workers.reconcile.arguments import positive_finite
-from miles.utils.workers.reconcile.k8s_wire import (
-    CURSOR_REJECTED_CODES,
-    MAX_LINE_BYTES,
-    POD_EVENT_TYPES,
-    FrameDecodeError,
+from miles.utils.workers.reconcile.k8s_errors import (
     KubernetesApiError,
     KubernetesConnectionError,
-    PodListPage,
-    PodWatchEvent,
+    exception_rejects_cursor,
+    parse_retry_after,
+)
+from miles.utils.workers.reconcile.k8s_framing import iter_line_batches
+from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, UndecodedPodPage
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_wire import (
     decode_pod_list,
     decode_status,
-    decode_watch_line,
     decode_watch_read,
-    exception_keeps_cursor,
-    exception_rejects_cursor,
-    iter_line_batches,
-    iter_lines,
     list_head_complete,
-    parse_retry_after,
     peek_continue_token,
 )
 
 __all__ = [
-    "CURSOR_REJECTED_CODES",
-    "MAX_LINE_BYTES",
-    "POD_EVENT_TYPES",
     "WATCH_IDLE_TIMEOUT",
-    "FrameDecodeError",
-    "KubernetesApiError",
+    "KubernetesAsyncioLeaseApi",
     "KubernetesAsyncioPodApi",
-    "KubernetesConnectionError",
     "KubernetesPodApi",
-    "PagedPodApi",
     "PodListPage",
     "PodWatchEvent",
-    "PrefetchPagedPodApi",
-    "StreamingListPodApi",
-    "UndecodedPodPage",
-    "decode_pod_list",
-    "decode_watch_line",
-    "exception_keeps_cursor",
     "exception_rejects_cursor",
-    "iter_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,92 +61,6 @@ bookmark interval (``defaultBookmarkFrequency`` = 1 min, apiserver ``storage/cac
 watch on a cached apiserver never reaches it; a cache-less apiserver sends no bookmarks, and its
 idle watch is then re-opened from the cursor every 90 s."""
 _ERROR_BODY_BYTES = 64 * 2**10
-
-
-class KubernetesPodApi(Protocol):
-    """The contract: a complete pod API is these two methods, with exactly these parameters."""
-
-    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        """A consistent LIST (resourceVersion unset) of every pod the selector matches."""
-        ...
-
-    def stream_pods(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        resource_version: str,
-        timeout_seconds: int,
-    ) -> AsyncIterator[PodWatchEvent]:
-        """Watch from ``resource_version``; always asks for bookmarks and sends the timeout."""
-        ...
-
-
-@runtime_checkable
-class PagedPodApi(Protocol):
-    """Optional capability: one page of a LIST. Go: ``ListOptions`` ``Limit``, ``Continue``,
-    ``ResourceVersion`` with ``ResourceVersionMatch=NotOlderThan``."""
-
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        """At most ``limit`` pods (all if ``None``); ``continue_token`` asks for the page after the
-        one that returned it (410 once expired, never combined with ``resource_version``). With
-        ``resource_version``, a LIST not older than it, which a server rejects (410, 504) when the
-        version is outside its history: the reflector's cursor probe."""
-        ...
-
-
-class UndecodedPodPage(Protocol):
-    """A LIST page read but not yet decoded. ``continue_hint`` is its continue token when it could
-    be read without decoding the items (the apiserver writes ``metadata`` before ``items``), else
-    ``None``; ``decode()`` gives the page, whose ``continue_token`` is the authoritative one."""
-
-    @property
-    def continue_hint(self) -> str | None: ...
-
-    def decode(self) -> PodListPage: ...
-
-
-@runtime_checkable
-class PrefetchPagedPodApi(Protocol):
-    """Optional capability beside ``PagedPodApi``: read a page's bytes now, decode them later, so
-    a pager can request the next page while this one decodes."""
-
-    async def read_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int,
-        continue_token: str | None = None,
-        on_head: Callable[[str | None], object] | None = None,
-    ) -> UndecodedPodPage:
-        """As ``list_pod_page`` without a ``resource_version``, but the body is not decoded yet.
-        ``on_head`` is called once the first bytes of the body are in, before the rest is read,
-        with the continue token read from them (``None`` when they do not give one); not at all
-        when the read fails before that."""
-        ...
-
-
-@runtime_checkable
-class StreamingListPodApi(Protocol):
-    """Optional capability: a streaming list. Go: a watch with ``SendInitialEvents=true``,
-    ``ResourceVersionMatch=NotOlderThan``, ``AllowWatchBookmarks=true`` (client-go's
-    ``Reflector.watchList``)."""
-
-    def stream_pod_list(
-        self, *, namespace: str, label_selector: str, timeout_seconds: int
-    ) -> AsyncIterator[PodWatchEvent]:
-        """An ADDED event per pod of a consistent snapshot, then a BOOKMARK with
-        ``initial_events_end``, then the watch goes on from there as ``stream_pods`` does."""
-        ...
 
 
 class KubernetesAsyncioPodApi:

@@ -34,16 +34,13 @@ from typing import Any
 
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
 from miles.utils.workers.reconcile.heap_trim import trim_free_heap
-from miles.utils.workers.reconcile.k8s_api import (
+from miles.utils.workers.reconcile.k8s_errors import exception_rejects_cursor, exception_summary
+from miles.utils.workers.reconcile.k8s_interfaces import (
     PagedPodApi,
     PrefetchPagedPodApi,
     UndecodedPodPage,
 )
-from miles.utils.workers.reconcile.k8s_wire import (
-    PodListPage,
-    exception_rejects_cursor,
-    exception_summary,
-)
+from miles.utils.workers.reconcile.k8s_values import PodListPage
 
 LIST_PAGE_SIZE = 500
 """Pods per LIST page, client-go's ``pager.defaultPageSize``."""

@@ -51,23 +51,23 @@ from dataclasses import dataclass, field, replace
 from miles.utils.workers.reconcile.arguments import positive_finite, positive_whole
 from miles.utils.workers.reconcile.backoff import DEFAULT_INITIAL, Backoff
 from miles.utils.workers.reconcile.clock import Clock, RealClock
-from miles.utils.workers.reconcile.k8s_api import (
-    KubernetesPodApi,
-    PagedPodApi,
-    StreamingListPodApi,
-)
-from miles.utils.workers.reconcile.k8s_pager import LIST_PAGE_SIZE, list_in_pages
-from miles.utils.workers.reconcile.k8s_types import Pod
-from miles.utils.workers.reconcile.k8s_wire import (
+from miles.utils.workers.reconcile.k8s_errors import (
     FrameDecodeError,
     KubernetesConnectionError,
-    PodWatchEvent,
     exception_is_refused,
     exception_keeps_cursor,
     exception_rejects_cursor,
     exception_retry_after,
     exception_summary,
 )
+from miles.utils.workers.reconcile.k8s_interfaces import (
+    KubernetesPodApi,
+    PagedPodApi,
+    StreamingListPodApi,
+)
+from miles.utils.workers.reconcile.k8s_pager import LIST_PAGE_SIZE, list_in_pages
+from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_values import PodWatchEvent
 from miles.utils.workers.reconcile.log import NamedLogger, default_loop_name
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,

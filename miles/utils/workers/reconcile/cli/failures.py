@@ -7,7 +7,7 @@ import json
 import ssl
 from typing import Any
 
-from miles.utils.workers.reconcile.k8s_api import KubernetesApiError, KubernetesConnectionError
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError, KubernetesConnectionError
 
 USAGE_EXIT = 2
 KUBERNETES_EXTRA = frozenset({"kubernetes_asyncio", "aiohttp"})

@@ -35,7 +35,7 @@ from miles.utils.workers.reconcile.cli.pool_view import (
     render_screen,
 )
 from miles.utils.workers.reconcile.cli.status_view import ConnectionTracker, loop_status
-from miles.utils.workers.reconcile.k8s_api import KubernetesApiError
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.source_event import ParentKey
 

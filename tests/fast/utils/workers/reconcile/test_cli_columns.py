@@ -16,7 +16,7 @@ from miles.utils.workers.reconcile.cli.pod_columns import (
     pod_columns,
     restarts_cell,
 )
-from miles.utils.workers.reconcile.k8s_api import decode_pod_list
+from miles.utils.workers.reconcile.k8s_wire import decode_pod_list
 
 RECORDED = json.loads((Path(__file__).parent / "wire" / "printer_pods.json").read_text())
 RECORDED_AT = datetime.fromisoformat(RECORDED["recordedAt"])

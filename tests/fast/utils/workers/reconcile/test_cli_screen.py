@@ -347,7 +347,7 @@ async def test_status_command_syncs_a_loop_and_returns_its_snapshot() -> None:
     from miles.utils.workers.reconcile.cli.failures import CliError
     from miles.utils.workers.reconcile.cli.status_command import take_status
     from miles.utils.workers.reconcile.cli.watch_view import WatchOptions
-    from miles.utils.workers.reconcile.k8s_api import PodListPage
+    from miles.utils.workers.reconcile.k8s_values import PodListPage
     from miles.utils.workers.reconcile.loop import ReconcileLoop
 
     page = PodListPage(pods=(k8s_pod("e-0", resource_version="10"),), resource_version="10")

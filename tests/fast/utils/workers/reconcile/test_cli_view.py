@@ -33,8 +33,9 @@ from miles.utils.workers.reconcile.cli.watch_view import (
     parent_label_map,
     watch_pool,
 )
-from miles.utils.workers.reconcile.k8s_api import KubernetesApiError, PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
 from tests.fast.utils.workers.reconcile.fakes import run_until
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

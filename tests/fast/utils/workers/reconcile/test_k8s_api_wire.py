@@ -35,23 +35,23 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
 )
 from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.clock import RealClock, settle
-from miles.utils.workers.reconcile.k8s_api import (
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_errors import (
     FrameDecodeError,
     KubernetesApiError,
-    KubernetesAsyncioPodApi,
     KubernetesConnectionError,
-    PodListPage,
-    PodWatchEvent,
     exception_keeps_cursor,
     exception_rejects_cursor,
 )
+from miles.utils.workers.reconcile.k8s_framing import ReadIdleDeadline
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
-from miles.utils.workers.reconcile.k8s_wire import (
+from miles.utils.workers.reconcile.k8s_values import (
     INITIAL_EVENTS_END_ANNOTATION,
-    ReadIdleDeadline,
-    decode_watch_line,
+    PodListPage,
+    PodWatchEvent,
 )
+from miles.utils.workers.reconcile.k8s_wire import decode_watch_line
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.source_event import ReplaceEvent, SourceEvent, UpsertEvent
 

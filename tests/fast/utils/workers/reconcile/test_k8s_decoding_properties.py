@@ -25,15 +25,11 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
 )
 from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.clock import FakeClock
-from miles.utils.workers.reconcile.k8s_api import (
-    FrameDecodeError,
-    PodListPage,
-    PodWatchEvent,
-    decode_pod_list,
-    decode_watch_line,
-    iter_lines,
-)
+from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
+from miles.utils.workers.reconcile.k8s_framing import iter_lines
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,

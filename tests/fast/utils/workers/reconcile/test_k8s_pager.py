@@ -16,13 +16,10 @@ import pytest
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import list_body, pod, realistic_pod
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
-from miles.utils.workers.reconcile.k8s_api import (
-    FrameDecodeError,
-    KubernetesApiError,
-    PodListPage,
-    PrefetchPagedPodApi,
-)
+from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError, KubernetesApiError
+from miles.utils.workers.reconcile.k8s_interfaces import PrefetchPagedPodApi
 from miles.utils.workers.reconcile.k8s_pager import list_in_pages
+from miles.utils.workers.reconcile.k8s_values import PodListPage
 from miles.utils.workers.reconcile.k8s_wire import peek_continue_token
 
 LOG = logging.getLogger("test_k8s_pager")

@@ -27,13 +27,10 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
 )
 from miles.utils.workers.reconcile.backoff import Backoff
 from miles.utils.workers.reconcile.clock import FakeClock
-from miles.utils.workers.reconcile.k8s_api import (
+from miles.utils.workers.reconcile.k8s_errors import (
     FrameDecodeError,
     KubernetesApiError,
     KubernetesConnectionError,
-    PodListPage,
-    PodWatchEvent,
-    decode_watch_line,
 )
 from miles.utils.workers.reconcile.k8s_reflector import (
     LIST_PAGE_SIZE,
@@ -41,6 +38,8 @@ from miles.utils.workers.reconcile.k8s_reflector import (
     SUSPECT_AFTER_SECONDS,
     KubernetesReflector,
 )
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_wire import decode_watch_line
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,

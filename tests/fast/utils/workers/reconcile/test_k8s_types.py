@@ -26,7 +26,6 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
     status,
 )
 from miles.utils.workers.reconcile import k8s_types
-from miles.utils.workers.reconcile.k8s_api import decode_watch_line
 from miles.utils.workers.reconcile.k8s_types import (
     ContainerState,
     ContainerStateTerminated,
@@ -37,6 +36,7 @@ from miles.utils.workers.reconcile.k8s_types import (
     PodStatus,
     WatchFrame,
 )
+from miles.utils.workers.reconcile.k8s_wire import decode_watch_line
 
 STARTED = datetime(2026, 11, 30, 4, 0, 5, tzinfo=UTC)
 CREATED = datetime(2026, 11, 30, 4, 0, 0, tzinfo=UTC)

@@ -36,9 +36,10 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
 )
 from miles.utils.workers.reconcile import k8s_types
 from miles.utils.workers.reconcile.clock import FakeClock
-from miles.utils.workers.reconcile.k8s_api import PodListPage, decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_values import PodListPage
+from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 Path_ = tuple[str | int, ...]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import subprocess
@@ -10,8 +11,26 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
+import miles.utils.workers.reconcile as runtime
+from miles.utils.workers.reconcile import (
+    k8s_api,
+    k8s_errors,
+    k8s_interfaces,
+    k8s_values,
+)
+
 _CORE_MODULES = [
     "clock",
+    "k8s_values",
+    "k8s_errors",
+    "k8s_wire",
+    "k8s_framing",
+    "k8s_interfaces",
+    "k8s_pager",
+    "k8s_reflector",
+    "k8s_api",
     "source_event",
     "object_store",
     "work_queue",
@@ -167,3 +186,54 @@ def test_the_wheel_ships_the_model_where_miless_controllers_import_it() -> None:
     assert not found & {"miles", "miles.utils", "miles.utils.workers"}
     assert "py.typed" in setuptools_config["package-data"]["miles.utils.workers.k8s_types"]
     assert (root / "miles/utils/workers/k8s_types/py.typed").is_file()
+
+
+_REPOSITORY = Path(__file__).resolve().parents[5]
+_RUNTIME = Path(runtime.__path__[0])
+
+
+@pytest.mark.parametrize(
+    ("name", "home"),
+    [
+        ("PodListPage", k8s_values),
+        ("PodWatchEvent", k8s_values),
+        ("KubernetesPodApi", k8s_interfaces),
+        ("exception_rejects_cursor", k8s_errors),
+    ],
+)
+def test_the_contracts_names_stay_importable_from_the_transport(name: str, home: object) -> None:
+    """The contract's old shape: ``from ...k8s_api import PodListPage`` (and the rest) still gives
+    the one class or function, whose home is its own module."""
+    assert name in k8s_api.__all__
+    assert getattr(k8s_api, name) is getattr(home, name)
+    assert getattr(k8s_api, name).__module__ == home.__name__  # type: ignore[attr-defined]
+    assert callable(k8s_api.PodWatchEvent.from_frame)
+
+
+def _imports_from(module: str, path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        (node.lineno, alias.name)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == module
+        for alias in node.names
+    ]
+
+
+def test_every_import_of_an_adapter_name_goes_to_its_home() -> None:
+    """No re-export shims: inside the repository, the transport is imported only for what it
+    defines (this file's test of the contract's old shape aside)."""
+    own = {
+        name
+        for name, value in vars(k8s_api).items()
+        if getattr(value, "__module__", None) == k8s_api.__name__ or name.isupper()
+    }
+    borrowed = [
+        f"{path.relative_to(_REPOSITORY)}:{line} imports {name}"
+        for root in ("miles", "tests", "bench")
+        for path in sorted((_REPOSITORY / root).rglob("*.py"))
+        if path != Path(__file__).resolve()
+        for line, name in _imports_from(k8s_api.__name__, path)
+        if name not in own
+    ]
+    assert borrowed == []

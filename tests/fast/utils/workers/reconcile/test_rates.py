@@ -14,7 +14,7 @@ import pytest
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import FakePodApi
 from miles.utils.workers.reconcile.clock import FakeClock
-from miles.utils.workers.reconcile.k8s_api import KubernetesApiError
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, Recorder, parent_of, replace

@@ -1,0 +1,195 @@
+"""What went wrong talking to a pod API, and what the reflector should do about it.
+Go: apimachinery ``pkg/api/errors`` (``apierrors``) plus ``utilnet.IsConnectionRefused``.
+
+The errors are our own, whatever the transport: ``KubernetesApiError`` (a non-2xx answer),
+``KubernetesConnectionError`` (below HTTP) and ``FrameDecodeError`` (bytes that do not decode).
+``k8s_api`` translates its HTTP client's exceptions into them where they arise.
+
+Two rules classify a failed LIST or WATCH for the reflector, whoever raised it:
+``exception_rejects_cursor`` (only a relist recovers; Go's ``isExpiredError`` and
+``isTooLargeResourceVersionError``) and ``exception_keeps_cursor`` (the server is throttling or
+unreachable: retry from the same cursor; Go's ``isWatchErrorRetriable``).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+
+from pydantic import ValidationError
+
+from miles.utils.workers.reconcile.k8s_types import WatchFrame
+
+CURSOR_REJECTED_CODES = frozenset({410, 504})
+"""410 Expired/Gone, and 504 (reason Timeout, cause ResourceVersionTooLarge): a resourceVersion
+beyond the server's history, answered on a LIST that carries it and on a ``sendInitialEvents``
+watch (a plain watch from it waits silently instead)."""
+CURSOR_REJECTED_REASONS = frozenset({"Expired", "Gone"})
+"""Status reasons of a dead cursor, as apimachinery's ``IsResourceExpired`` / ``IsGone`` read them:
+they key on the reason, whatever the code."""
+TOO_MANY_REQUESTS = 429
+
+
+class FrameDecodeError(ValueError):
+    """A LIST body, list item or watch line that cannot be read as what it claims to be.
+
+    ``reason`` says why, without the offending bytes. ``name``, ``resource_version`` and
+    ``event_type`` are read from the frame when its envelope allows. A watch frame whose
+    ``resource_version`` is set was a well-formed pod frame (type ADDED/MODIFIED/DELETED, in
+    ``event_type``, and a readable ``metadata.resourceVersion``) whose pod does not validate, so a
+    watcher can move its cursor past it; a frame without one is unreadable.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        name: str | None = None,
+        resource_version: str | None = None,
+        event_type: str | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.name = name
+        self.resource_version = resource_version
+        self.event_type = event_type
+
+
+class KubernetesApiError(Exception):
+    """A LIST or WATCH answered with a non-2xx HTTP status (the body's Status when readable).
+
+    ``retry_after`` is the response's ``Retry-After`` in seconds, when it gave one in that form.
+    """
+
+    def __init__(
+        self, code: int, reason: str, message: str = "", *, retry_after: float | None = None
+    ) -> None:
+        super().__init__(f"HTTP {code} {reason}: {message}" if message else f"HTTP {code} {reason}")
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def rejects_cursor(self) -> bool:
+        return status_rejects_cursor(self.code, self.reason)
+
+
+class KubernetesConnectionError(ConnectionError):
+    """A LIST or WATCH that failed below HTTP: the connection was refused (``refused``), could not
+    be made, broke, was cut mid-body, or went silent past its read deadline (``idle``)."""
+
+    def __init__(self, message: str, *, refused: bool = False, idle: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.idle = idle
+
+
+def status_rejects_cursor(code: int | None, reason: str | None) -> bool:
+    """Whether a Status with this code and reason means the cursor is dead."""
+    return code in CURSOR_REJECTED_CODES or reason in CURSOR_REJECTED_REASONS
+
+
+def exception_rejects_cursor(exc: BaseException) -> bool:
+    """Whether a LIST or WATCH failure means the cursor is dead and only a relist recovers.
+
+    True for our ``KubernetesApiError`` with code 410 or 504; for any exception carrying an int
+    ``status`` or ``code`` of 410 or 504 (``kubernetes_asyncio``'s and the official client's
+    ``ApiException``); and for a Status reason ``Expired`` or ``Gone``, read from ``reason`` (also
+    in ``kubernetes_asyncio``'s ``"Expired: message"`` form) or from a JSON Status ``body``, as
+    apimachinery's ``IsResourceExpired`` and ``IsGone`` key on the reason.
+    """
+    if isinstance(exc, KubernetesApiError):
+        return exc.rejects_cursor
+    if any(code in CURSOR_REJECTED_CODES for code in _int_attributes(exc, "status", "code")):
+        return True
+    return _status_reason(exc) in CURSOR_REJECTED_REASONS
+
+
+def exception_keeps_cursor(exc: BaseException) -> bool:
+    """Whether a WATCH failure is one to retry from the same cursor after a backoff step: HTTP 429,
+    or a connection refused anywhere in the exception's chain. Go: ``isWatchErrorRetriable``
+    (``utilnet.IsConnectionRefused`` or ``apierrors.IsTooManyRequests``)."""
+    if TOO_MANY_REQUESTS in _int_attributes(exc, "status", "code"):
+        return True
+    if _status_reason(exc) == "TooManyRequests":
+        return True
+    return exception_is_refused(exc)
+
+
+def exception_is_refused(exc: BaseException) -> bool:
+    """Whether the server refused the connection (nothing listening), anywhere in the chain."""
+    return any(_is_refused(link) for link in _chain(exc))
+
+
+def exception_retry_after(exc: BaseException) -> float | None:
+    """The seconds a failure asked the client to wait (``Retry-After``), if it said so."""
+    if isinstance(exc, KubernetesApiError):
+        return exc.retry_after
+    headers = getattr(exc, "headers", None)
+    getter = getattr(headers, "get", None)
+    return parse_retry_after(getter("Retry-After") if callable(getter) else None)
+
+
+def parse_retry_after(value: object) -> float | None:
+    """A ``Retry-After`` header's delay in seconds; ``None`` for an absent, negative or HTTP-date
+    value (the apiserver sends whole seconds)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds < float("inf") else None
+
+
+def exception_summary(err: BaseException) -> str:
+    """The exception's type and text on one line (``ApiException``'s text spans several)."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def validation_summary(err: ValidationError, *, skip: int = 0, limit: int = 3) -> str:
+    """A ``ValidationError``'s first ``limit`` errors on one line, each location without its first
+    ``skip`` parts and without the input (a pod's bytes do not belong in a log line)."""
+    parts = [
+        ": ".join(filter(None, (".".join(str(p) for p in e["loc"][skip:]), e["msg"])))
+        for e in err.errors(include_url=False, include_input=False)[:limit]
+    ]
+    more = err.error_count() - limit
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _int_attributes(exc: BaseException, *names: str) -> list[int]:
+    values = (getattr(exc, name, None) for name in names)
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _status_reason(exc: BaseException) -> str | None:
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, str) and reason:
+        return reason.split(":", 1)[0].strip()
+    body = getattr(exc, "body", None)
+    if isinstance(body, str | bytes) and body:
+        try:
+            return WatchFrame.model_validate_json(body).reason
+        except ValidationError:
+            return None
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        yield link
+        link = link.__cause__ or link.__context__
+
+
+def _is_refused(exc: BaseException) -> bool:
+    if isinstance(exc, KubernetesConnectionError):
+        return exc.refused
+    return isinstance(exc, ConnectionRefusedError) or (
+        isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
+    )

@@ -1,0 +1,105 @@
+"""What the reflector and the pager ask of a pod API: the contract's two methods and three optional
+capabilities, as protocols. Go: client-go ``tools/cache.ListerWatcher`` (and controller-runtime's
+``pkg/client/interfaces.go``).
+
+``KubernetesPodApi`` is the contract's protocol: ``list_pods`` and ``stream_pods``, nothing else,
+and the reflector works over any object offering those two. Optional capabilities, found with
+``isinstance``, let it do more: ``PagedPodApi`` (one page of a LIST, with a limit, a continue token
+or a resourceVersion: pagination and the cursor probe), ``PrefetchPagedPodApi`` (a page read now
+and decoded later, so the next one can be requested meanwhile) and ``StreamingListPodApi`` (a watch
+that first streams the current pods, ending at the ``k8s.io/initial-events-end`` bookmark).
+``k8s_api.KubernetesAsyncioPodApi`` offers all three. Importing this module imports no transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol, runtime_checkable
+
+from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+
+
+class KubernetesPodApi(Protocol):
+    """The contract: a complete pod API is these two methods, with exactly these parameters."""
+
+    async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
+        """A consistent LIST (resourceVersion unset) of every pod the selector matches."""
+        ...
+
+    def stream_pods(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[PodWatchEvent]:
+        """Watch from ``resource_version``; always asks for bookmarks and sends the timeout."""
+        ...
+
+
+@runtime_checkable
+class PagedPodApi(Protocol):
+    """Optional capability: one page of a LIST. Go: ``ListOptions`` ``Limit``, ``Continue``,
+    ``ResourceVersion`` with ``ResourceVersionMatch=NotOlderThan``."""
+
+    async def list_pod_page(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        limit: int | None,
+        continue_token: str | None = None,
+        resource_version: str | None = None,
+    ) -> PodListPage:
+        """At most ``limit`` pods (all if ``None``); ``continue_token`` asks for the page after the
+        one that returned it (410 once expired, never combined with ``resource_version``). With
+        ``resource_version``, a LIST not older than it, which a server rejects (410, 504) when the
+        version is outside its history: the reflector's cursor probe."""
+        ...
+
+
+class UndecodedPodPage(Protocol):
+    """A LIST page read but not yet decoded. ``continue_hint`` is its continue token when it could
+    be read without decoding the items (the apiserver writes ``metadata`` before ``items``), else
+    ``None``; ``decode()`` gives the page, whose ``continue_token`` is the authoritative one."""
+
+    @property
+    def continue_hint(self) -> str | None: ...
+
+    def decode(self) -> PodListPage: ...
+
+
+@runtime_checkable
+class PrefetchPagedPodApi(Protocol):
+    """Optional capability beside ``PagedPodApi``: read a page's bytes now, decode them later, so
+    a pager can request the next page while this one decodes."""
+
+    async def read_pod_page(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        limit: int,
+        continue_token: str | None = None,
+        on_head: Callable[[str | None], object] | None = None,
+    ) -> UndecodedPodPage:
+        """As ``list_pod_page`` without a ``resource_version``, but the body is not decoded yet.
+        ``on_head`` is called once the first bytes of the body are in, before the rest is read,
+        with the continue token read from them (``None`` when they do not give one); not at all
+        when the read fails before that."""
+        ...
+
+
+@runtime_checkable
+class StreamingListPodApi(Protocol):
+    """Optional capability: a streaming list. Go: a watch with ``SendInitialEvents=true``,
+    ``ResourceVersionMatch=NotOlderThan``, ``AllowWatchBookmarks=true`` (client-go's
+    ``Reflector.watchList``)."""
+
+    def stream_pod_list(
+        self, *, namespace: str, label_selector: str, timeout_seconds: int
+    ) -> AsyncIterator[PodWatchEvent]:
+        """An ADDED event per pod of a consistent snapshot, then a BOOKMARK with
+        ``initial_events_end``, then the watch goes on from there as ``stream_pods`` does."""
+        ...
