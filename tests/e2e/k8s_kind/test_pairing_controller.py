@@ -1,6 +1,6 @@
-"""k8s_kind layer: a pairing controller of the kind miles's training system runs, on our runtime
-(issue 11), wired as a user wires it: `ReconcileLoop` over `KubernetesReflector` over
-`KubernetesAsyncioPodApi`.
+"""k8s_kind layer: the pairing controller of the kind miles's training system runs, on our runtime
+(issue 11): the shipped `examples/colocate_pairing` reconciler and its `ReconcileLoop` over
+`KubernetesReflector` over `KubernetesAsyncioPodApi`, in the test's process.
 
 Inference pods are created gated (`spec.schedulingGates`) and without a node, and name their
 trainer in a label. The controller maps trainer and inference pods alike to the trainer's name.
@@ -30,9 +30,13 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from miles.utils.k8s_testenv import api_client
 from miles.utils.k8s_testenv.kubelet import KubeletLayer, create_namespace, describe_pod
 from miles.utils.workers.k8s_types import Pod
+from miles.utils.workers.reconcile.examples.colocate_pairing import (
+    ColocatePairing,
+    Pairing,
+    PairingConfig,
+    pairing_loop,
+)
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
-from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
-from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 pytestmark = pytest.mark.k8s_kind
 
@@ -44,73 +48,28 @@ SELECTED_LABEL = "miles.test/e2e"
 SELECTED = "pairing"
 HOSTNAME = "kubernetes.io/hostname"
 SECONDS = 90.0
+CONFIG = PairingConfig(
+    selector=f"{SELECTED_LABEL}={SELECTED}",
+    gate=GATE,
+    trainer_label=TRAINER_LABEL,
+    role_label=ROLE_LABEL,
+    node_label=HOSTNAME,
+)
 """KWOK needs about a second for each step; the real node schedules and starts containers."""
-
-
-def trainer_of(pod: Pod) -> str | None:
-    return pod.metadata.labels.get(TRAINER_LABEL)
 
 
 def gates(pod: Pod) -> list[str | None]:
     return [gate.name for gate in pod.spec.scheduling_gates]
 
 
-@dataclass(frozen=True)
-class Pass:
-    """One reconcile: the parent, the trainer's node it saw (None: no trainer), the members."""
-
-    trainer: str
-    node: str | None
-    members: frozenset[str]
-
-
 @dataclass
-class PairingController:
-    """Releases each gated inference pod onto its trainer's node, once the trainer has one."""
+class Passes:
+    """Every reconcile the shipped controller made, in order."""
 
-    core_v1: Any
-    namespace: str
-    passes: list[Pass] = field(default_factory=list)
-    loop: ReconcileLoop | None = None
+    seen: list[Pairing] = field(default_factory=list)
 
-    async def reconcile(self, trainer_name: str) -> None:
-        assert self.loop is not None
-        members = self.loop.get_by_parent(trainer_name)
-        trainer = next(
-            (
-                pod
-                for pod in members
-                if pod.metadata.name == trainer_name
-                and pod.metadata.labels.get(ROLE_LABEL) == "trainer"
-                and pod.metadata.deletion_timestamp is None
-            ),
-            None,
-        )
-        node = trainer.spec.node_name if trainer is not None else None
-        self.passes.append(Pass(trainer_name, node, frozenset(p.metadata.name for p in members)))
-        if node is None:
-            return
-        for pod in members:
-            if pod.metadata.labels.get(ROLE_LABEL) == "inference" and GATE in gates(pod):
-                await self._release(pod, node)
-
-    async def _release(self, pod: Pod, node: str) -> None:
-        kept = [{"name": name} for name in gates(pod) if name != GATE]
-        selector = {**pod.spec.node_selector, HOSTNAME: node}
-        version = pod.metadata.resource_version
-        patch = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-            {"op": "add", "path": "/spec/nodeSelector", "value": selector},
-            {"op": "replace", "path": "/spec/schedulingGates", "value": kept}
-            if kept
-            else {"op": "remove", "path": "/spec/schedulingGates"},
-        ]
-        await self.core_v1.patch_namespaced_pod(
-            pod.metadata.name, self.namespace, patch, _content_type="application/json-patch+json"
-        )
-
-    def saw(self, trainer: str, holds: Callable[[Pass], bool], *, after: int = 0) -> bool:
-        return any(p.trainer == trainer and holds(p) for p in self.passes[after:])
+    def saw(self, trainer: str, holds: Callable[[Pairing], bool], *, after: int = 0) -> bool:
+        return any(p.trainer == trainer and holds(p) for p in self.seen[after:])
 
 
 @dataclass(frozen=True)
@@ -118,7 +77,7 @@ class Cluster:
     layer: KubeletLayer
     core_v1: Any
     namespace: str
-    controller: PairingController
+    controller: Passes
 
     def _manifest(self, name: str, role: str, trainer: str) -> dict[str, Any]:
         labels = {SELECTED_LABEL: SELECTED, ROLE_LABEL: role, TRAINER_LABEL: trainer}
@@ -162,12 +121,12 @@ class Cluster:
         assert not pod.spec.scheduling_gates, describe_pod(pod)
         assert pod.spec.node_selector == {HOSTNAME: node}
 
-    async def after_a_pass(self, trainer: str, holds: Callable[[Pass], bool], what: str) -> None:
+    async def after_a_pass(self, trainer: str, holds: Callable[[Pairing], bool], what: str) -> None:
         await self.layer.eventually(
             lambda: self.controller.saw(trainer, holds),
             what=what,
             timeout_seconds=SECONDS,
-            seen=lambda: [p for p in self.controller.passes if p.trainer == trainer][-3:],
+            seen=lambda: [p for p in self.controller.seen if p.trainer == trainer][-3:],
         )
 
 
@@ -177,18 +136,19 @@ async def pairing_cluster(layer: KubeletLayer) -> AsyncIterator[Cluster]:
         core_v1: Any = client.CoreV1Api(api)
         namespace = f"miles-pair-{uuid.uuid4().hex[:8]}"
         await create_namespace(layer, core_v1, namespace)
-        controller = PairingController(core_v1, namespace)
-        reflector = KubernetesReflector(
-            kube_client=KubernetesAsyncioPodApi(core_v1_api=core_v1),
-            namespace=namespace,
-            label_selector=f"{SELECTED_LABEL}={SELECTED}",
+        passes = Passes()
+        controller = ColocatePairing(
+            core_v1_api=core_v1, namespace=namespace, config=CONFIG, on_pass=passes.seen.append
         )
-        controller.loop = ReconcileLoop(
-            source=reflector.watch, reconcile=controller.reconcile, key_map=trainer_of
+        loop = pairing_loop(
+            controller,
+            pod_api=KubernetesAsyncioPodApi(core_v1_api=core_v1),
+            namespace=namespace,
+            selector=CONFIG.selector,
         )
         try:
-            async with controller.loop, _scheduler_stand_in(layer, core_v1, namespace):
-                yield Cluster(layer, core_v1, namespace, controller)
+            async with loop, _scheduler_stand_in(layer, core_v1, namespace):
+                yield Cluster(layer, core_v1, namespace, passes)
         finally:
             await core_v1.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
             await core_v1.delete_namespace(namespace)

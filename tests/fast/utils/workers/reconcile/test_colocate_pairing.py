@@ -1,0 +1,196 @@
+"""examples/colocate_pairing: the reconciler's patches, its refusals and its configuration, against
+a recording stand-in for ``CoreV1Api.patch_namespaced_pod`` (no cluster; the e2e tests run it on
+a kubelet layer and as a Deployment on the real node)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from miles.utils.workers.k8s_types import Pod
+from miles.utils.workers.reconcile.examples.colocate_pairing import (
+    ColocatePairing,
+    ConfigError,
+    NotLeadingError,
+    PairingConfig,
+    PairingForbiddenError,
+    identity_of,
+    load_config,
+)
+
+CONFIG = PairingConfig(trainer_label="t", role_label="r", gate="g")
+
+
+@dataclass
+class Patches:
+    sent: list[tuple[str, str, list[dict[str, Any]]]] = field(default_factory=list)
+    refuse_with: int | None = None
+
+    async def patch_namespaced_pod(
+        self, name: str, namespace: str, body: list[dict[str, Any]], *, _content_type: str
+    ) -> None:
+        assert _content_type == "application/json-patch+json"
+        if self.refuse_with is not None:
+            body_text = json.dumps({"message": f'pods "{name}" is forbidden: no patch'})
+            error = ApiException(status=self.refuse_with, reason="Forbidden")
+            error.body = body_text.encode()
+            raise error
+        self.sent.append((namespace, name, body))
+
+
+@dataclass
+class Leading:
+    leading: bool
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    async def wait_until_leading(self) -> None:
+        raise AssertionError("the reconciler never waits")
+
+
+def pod(name: str, role: str, *, gates: tuple[str, ...] = (), node: str | None = None) -> Pod:
+    return Pod.model_validate(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "resourceVersion": "7",
+                "labels": {"t": "trainer-0", "r": role},
+            },
+            "spec": {
+                "nodeName": node,
+                "schedulingGates": [{"name": g} for g in gates],
+                "nodeSelector": {"zone": "a"},
+            },
+        }
+    )
+
+
+TRAINER = pod("trainer-0", "trainer", node="node-1")
+
+
+def controller(patches: Patches, leading: bool | None = None) -> ColocatePairing:
+    return ColocatePairing(
+        core_v1_api=patches,
+        namespace="ns",
+        config=CONFIG,
+        leadership=None if leading is None else Leading(leading),
+    )
+
+
+async def test_one_guarded_patch_pins_and_ungates_only_gated_inference_pods() -> None:
+    patches = Patches()
+    members = [
+        TRAINER,
+        pod("infer-0", "inference", gates=("g",)),
+        pod("held", "inference", gates=("g", "other")),
+        pod("foreign", "inference", gates=("other",)),
+    ]
+    pairing = await controller(patches).pair("trainer-0", members)
+    assert pairing.released == ("infer-0", "held")
+    assert pairing.node == "node-1"
+    test = {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
+    pinned = {"zone": "a", "kubernetes.io/hostname": "node-1"}
+    selector = {"op": "add", "path": "/spec/nodeSelector", "value": pinned}
+    assert patches.sent == [
+        ("ns", "infer-0", [test, selector, {"op": "remove", "path": "/spec/schedulingGates"}]),
+        (
+            "ns",
+            "held",
+            [
+                test,
+                selector,
+                {"op": "replace", "path": "/spec/schedulingGates", "value": [{"name": "other"}]},
+            ],
+        ),
+    ]
+
+
+async def test_nothing_is_sent_without_a_trainer_on_a_node() -> None:
+    patches = Patches()
+    unbound = pod("trainer-0", "trainer")
+    pairing = await controller(patches).pair(
+        "trainer-0", [unbound, pod("i", "inference", gates=("g",))]
+    )
+    assert (pairing.node, pairing.released, patches.sent) == (None, (), [])
+
+
+async def test_no_patch_is_sent_while_not_leading() -> None:
+    patches = Patches()
+    with pytest.raises(NotLeadingError, match="ns/infer-0 was not patched"):
+        await controller(patches, leading=False).pair(
+            "trainer-0", [TRAINER, pod("infer-0", "inference", gates=("g",))]
+        )
+    assert patches.sent == []
+    await controller(patches, leading=True).pair(
+        "trainer-0", [TRAINER, pod("infer-0", "inference", gates=("g",))]
+    )
+    assert [name for _, name, _ in patches.sent] == ["infer-0"]
+
+
+async def test_a_forbidden_patch_is_one_line_and_fails_readiness_until_one_succeeds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    patches = Patches(refuse_with=403)
+    pairing = controller(patches)
+    members = [TRAINER, pod("infer-0", "inference", gates=("g",))]
+    with caplog.at_level(logging.INFO, "colocate_pairing"), pytest.raises(PairingForbiddenError):
+        await pairing.pair("trainer-0", members)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.getMessage() for r in errors] == [
+        'patch of pod ns/infer-0 forbidden: pods "infer-0" is forbidden: no patch; '
+        "the Role needs pods: patch"
+    ]
+    assert errors[0].exc_info is None
+    assert pairing.check() is not None
+    patches.refuse_with = None
+    await pairing.pair("trainer-0", members)
+    assert pairing.check() is None
+
+
+@pytest.mark.parametrize("status", [409, 422])
+async def test_a_pod_changed_since_read_is_left_to_the_next_reconcile(status: int) -> None:
+    patches = Patches(refuse_with=status)
+    pairing = await controller(patches).pair(
+        "trainer-0", [TRAINER, pod("infer-0", "inference", gates=("g",))]
+    )
+    assert pairing.released == ()
+
+
+def test_a_bad_config_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "pairing.json"
+    path.write_text(json.dumps({"leader_election": {"enabled": "sometimes"}, "gates": []}))
+    with pytest.raises(ConfigError) as raised:
+        load_config(path)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "leader_election.enabled" in message
+    assert "gates: Extra inputs" in message
+    path.write_text("{")
+    with pytest.raises(ConfigError, match="not JSON"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="No such file"):
+        load_config(tmp_path / "absent.json")
+
+
+def test_a_config_file_reads_into_the_model(tmp_path: Path) -> None:
+    path = tmp_path / "pairing.json"
+    path.write_text(json.dumps({"selector": "a=b", "leader_election": {"enabled": True}}))
+    config = load_config(path)
+    assert (config.selector, config.leader_election.enabled) == ("a=b", True)
+    assert config.leader_election.lease_duration == 15.0
+
+
+def test_the_identity_is_configured_else_the_pod_name_else_unique() -> None:
+    assert identity_of("me", {"POD_NAME": "pod-a"}) == "me"
+    assert identity_of(None, {"POD_NAME": "pod-a"}) == "pod-a"
+    first, second = identity_of(None, {}), identity_of(None, {})
+    assert first != second
+    assert "_" in first
