@@ -287,8 +287,6 @@ def pairing_loop(
 
 
 async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[str, str]) -> int:
-    from kubernetes_asyncio import client
-
     from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
     from miles.utils.workers.reconcile.k8s_api import (
         KubernetesAsyncioLeaseApi,
@@ -304,11 +302,8 @@ async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[st
         election = config.leader_election
         elector = None
         if election.enabled:
-            lease_api = KubernetesAsyncioLeaseApi(
-                coordination_v1_api=client.CoordinationV1Api(session.core_v1_api.api_client)
-            )
             lock = LeaseLock(
-                lease_api=lease_api,
+                lease_api=KubernetesAsyncioLeaseApi.beside(session.core_v1_api),
                 namespace=election.lease_namespace or namespace,
                 name=election.lease_name,
                 identity=identity_of(election.identity, environ),
