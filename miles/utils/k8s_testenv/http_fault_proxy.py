@@ -14,7 +14,8 @@ oracle) speaks HTTP/1.1 here and its HTTP/2 health check does not apply behind t
 Faults are `add(match, action, count=, seconds=)`: the first live fault whose `Match` fits a
 request decides it; `Respond` answers new requests itself, `BlackHole` swallows new requests and
 the rest of open responses (the connection is never closed), `CorruptChunk` breaks the next chunk
-of a chunked response (new or open) with a bad chunk-size line and then holds the connection open.
+of a chunked response (new or open) with a bad chunk-size line and then holds the connection open,
+`RewriteFrame` forwards the next pod frame of a watch (ADDED, MODIFIED or DELETED) rewritten.
 Every request is recorded in `requests` (bounded), with what the proxy did to it.
 
 Like `TcpProxy`, it runs its own event loop on a daemon thread, so a busy test loop does not stall
@@ -165,7 +166,23 @@ class CorruptChunk:
         return "chunk corrupted"
 
 
-Action = Respond | BlackHole | CorruptChunk
+@dataclass(frozen=True)
+class RewriteFrame:
+    """Forward the next chunk of a watch response that opens a pod frame (ADDED, MODIFIED or
+    DELETED) as `rewrite` returns it (the chunk's bytes in, what to send out: a frame without a
+    name, a cut line, bytes that are not a frame), then go on forwarding. `what` names the
+    rewrite in the request record."""
+
+    rewrite: Callable[[bytes], bytes]
+    what: str = "rewritten"
+
+    def describe(self) -> str:
+        return f"frame {self.what}"
+
+
+_POD_FRAME_OPENINGS = tuple(b'{"type":"%s"' % kind for kind in (b"ADDED", b"MODIFIED", b"DELETED"))
+
+Action = Respond | BlackHole | CorruptChunk | RewriteFrame
 
 
 @dataclass(eq=False)
@@ -497,6 +514,12 @@ class HttpFaultProxy:
                 return
             data = await upstream.readexactly(size)
             await upstream.readexactly(2)
+            if data.startswith(_POD_FRAME_OPENINGS):
+                rewrite = self._take(head, (RewriteFrame,))
+                if isinstance(rewrite, RewriteFrame):
+                    data = rewrite.rewrite(data)
+                    self._record(head, f"response {rewrite.describe()}")
+                    size_line = b"%x" % len(data)
             action = self._take(head, (BlackHole, CorruptChunk))
             if isinstance(action, CorruptChunk):
                 half = max(1, size // 2)

@@ -12,6 +12,9 @@ phase and what it needs, an action performs the phase's one request and ends in 
   one ``ReplaceEvent``, and the same stream goes on as the WATCH (client-go's ``watchList``).
 - ``PROBE``: a LIST of at most one pod not older than the cursor, with a ``PagedPodApi`` only.
 - ``WATCH``: follow a watch from the cursor; pod frames become events, bookmarks move the cursor.
+  A frame that cannot be read (bytes that are not a frame, a pod without a name, a pod frame
+  without a pod, from any API) ends the watch and relists after one backoff step, as Go's
+  ``StreamWatcher`` turns an undecodable event into a ``watch.Error``.
 - ``BACKOFF``: wait one step of ``backoff.Backoff`` (``retry_delay`` doubling to 30 s, jitter 1.0,
   starting over every 2 minutes), then go on; a failure that carries ``Retry-After`` waits just
   that, up to ``RETRY_AFTER_RETRIES`` times in a row, as client-go's REST client retries it.
@@ -23,8 +26,8 @@ Invariants:
 2. Every failure passes through ``BACKOFF`` before the next request, so no server fault drives
    more than one LIST (or any request) per backoff step. Only progress moves on at once: a
    listing, an accepted probe, a watch that delivered a frame or lasted a second before it
-   closed or its connection broke, a frame skipped with the cursor moved past it; and a failed
-   streaming list falls back to its one LIST at once, as client-go's does.
+   closed or its connection broke; and a failed streaming list falls back to its one LIST at
+   once, as client-go's does.
 3. A cursor the server rejects (410, 504, a Status reason Expired or Gone:
    ``exception_rejects_cursor``) is never used again: the next listing replaces it. A failed
    watch relists unless the failure keeps the cursor: 429 or connection refused
@@ -179,7 +182,6 @@ class _Verdict(enum.Enum):
     CURSOR_DEAD = "the cursor is dead"
     KEEPS_CURSOR = "throttled or refused"
     INTERRUPTED = "the connection broke"
-    SKIPPABLE = "a pod frame that does not validate"
     FAILED = "failed"
 
 
@@ -192,9 +194,6 @@ def _verdict(err: BaseException) -> _Verdict:
         return _Verdict.CURSOR_DEAD
     if exception_keeps_cursor(err):
         return _Verdict.KEEPS_CURSOR
-    if isinstance(err, FrameDecodeError):
-        readable = err.resource_version is not None and err.event_type != "DELETED"
-        return _Verdict.SKIPPABLE if readable else _Verdict.FAILED
     if isinstance(err, ConnectionError | TimeoutError):
         return _Verdict.INTERRUPTED
     return _Verdict.FAILED
@@ -263,7 +262,7 @@ def _after_listing(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
         )
     assert isinstance(outcome, _Failed)
     what = f"streaming list failed: {exception_summary(outcome.error)}"
-    if _verdict(outcome.error) in (_Verdict.FAILED, _Verdict.SKIPPABLE):
+    if _verdict(outcome.error) is _Verdict.FAILED:
         return _Step(
             _State(Phase.LIST, relist_reason=state.relist_reason), f"{what}; falling back to a LIST"
         )
@@ -301,16 +300,6 @@ def _after_watch(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
     err = outcome.error
     verdict = _verdict(err)
     what = f"pod watch from resourceVersion={state.cursor} failed: {exception_summary(err)}"
-    if verdict is _Verdict.SKIPPABLE:
-        assert isinstance(err, FrameDecodeError)
-        assert err.resource_version is not None
-        return _Step(
-            _State(Phase.WATCH, err.resource_version, restart=True),
-            f"pod watch frame rejected after resourceVersion={outcome.cursor} (skipped, the store "
-            f"keeps its last valid copy): pod={err.name} resourceVersion={err.resource_version} "
-            f"reason={err.reason}",
-            logging.ERROR,
-        )
     rewatch = _State(rewatch_phase, outcome.cursor, restart=True)
     if verdict is _Verdict.KEEPS_CURSOR:
         return _backoff(rewatch, what, err)
@@ -324,9 +313,9 @@ def _after_watch(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
     reason = _relist_reason(err)
     if isinstance(err, FrameDecodeError):
         what = (
-            f"pod watch frame rejected after resourceVersion={outcome.cursor} "
-            f"({'a deletion' if err.event_type == 'DELETED' else 'unreadable'}): "
-            f"pod={err.name} resourceVersion={err.resource_version} reason={err.reason}"
+            f"pod watch frame unreadable after resourceVersion={outcome.cursor}: "
+            f"type={err.event_type or '?'} resourceVersion={err.resource_version or '?'} "
+            f"pod={err.name or '?'}: {err.reason}"
         )
     return _backoff(_State(caps.listing, relist_reason=reason), what, err, relist=reason)
 
@@ -547,8 +536,11 @@ class KubernetesReflector:
                 if frame.type == "ERROR":
                     yield _Failed(WatchErrorFrame(frame), cursor, frames)
                     return
-                cursor = frame.resource_version or cursor
                 pod = frame.pod
+                if pod is None and frame.type != "BOOKMARK":
+                    yield _Failed(_without_a_pod(frame), cursor, frames)
+                    return
+                cursor = frame.resource_version or cursor
                 if pod is None:
                     if frame.initial_events_end:
                         yield ReplaceEvent(pods)
@@ -604,9 +596,12 @@ class KubernetesReflector:
                 if frame.type == "ERROR":
                     outcome = _Failed(WatchErrorFrame(frame), cursor, frames)
                     break
+                pod = frame.pod
+                if pod is None and frame.type != "BOOKMARK":
+                    outcome = _Failed(_without_a_pod(frame), cursor, frames)
+                    break
                 if frame.resource_version:
                     cursor = p.cursor = frame.resource_version
-                pod = frame.pod
                 if pod is None:
                     p.last_bookmark_at = clock.time()
                     continue
@@ -627,6 +622,16 @@ class KubernetesReflector:
     async def _wait(self, delay: float) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         await self._clock.sleep(delay)
         yield _Done()
+
+
+def _without_a_pod(frame: PodWatchEvent) -> FrameDecodeError:
+    """A frame that is neither a bookmark nor an error and carries no pod, as a user's
+    ``KubernetesPodApi`` may yield one: unreadable, like the bytes of one."""
+    return FrameDecodeError(
+        f"{str(frame.type)[:40]} frame without a pod",
+        resource_version=frame.resource_version,
+        event_type=str(frame.type)[:40],
+    )
 
 
 def _next_move(state: _State) -> str:

@@ -23,7 +23,9 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
     ProbeCall,
     Step,
     StreamingFakePodApi,
+    frame,
     pod,
+    realistic_pod,
 )
 from miles.utils.workers.reconcile.backoff import Backoff
 from miles.utils.workers.reconcile.clock import FakeClock
@@ -556,27 +558,139 @@ async def test_failed_list_is_retried_with_a_growing_backoff() -> None:
 # --- frames ---------------------------------------------------------------------------------
 
 
-async def test_invalid_pod_frame_is_logged_skipped_and_the_cursor_moves_past_it(
+async def test_a_pod_frame_that_does_not_validate_ends_the_watch_and_relists_after_one_step(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Row: a readable pod frame that does not validate is skipped, never replayed."""
+    """Issue 26.1: a readable pod frame whose pod cannot be keyed used to be skipped, the store
+    keeping a stale copy until something else relisted. Now it ends the watch and relists one
+    backoff step later, with one line naming the frame's type, resourceVersion and the reason."""
     bad = FrameDecodeError(
-        "status.phase: bad", name="a", resource_version="12", event_type="MODIFIED"
+        "metadata.name: Field required", name=None, resource_version="12", event_type="MODIFIED"
     )
-    api = FakePodApi(
-        lists=[page("10", "a")], watches=[[added("b", "11"), bad], [modified("b", "13")]]
-    )
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10", "a"), page("20", "a")], watches=[[added("b", "11"), bad]])
     with caplog.at_level(logging.ERROR):
-        async with running(api, FakeClock()) as run:
-            assert cursors(api)[:3] == ["10", "12", "13"]
-            assert [p.resource_version for p in api.probe_calls] == ["13"]
+        async with running(api, clock) as run:
+            await clock.advance(RETRY - EPS)
             assert len(api.list_calls) == 1
-            assert [getattr(e, "key", None) for e in run.events] == [None, "b", "b"]
+            await step_waited(clock)
+            assert len(api.list_calls) == 2
+            assert cursors(api) == ["10", "20"]
+            assert api.probe_calls == []
+            assert [type(e).__name__ for e in run.events] == [
+                "ReplaceEvent",
+                "UpsertEvent",
+                "ReplaceEvent",
+            ]
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert "pod=a" in line
-    assert "resourceVersion=12" in line
-    assert "status.phase: bad" in line
-    assert "watching from resourceVersion=12" in line
+    assert line.startswith(
+        "[ns/app=miles] pod watch frame unreadable after resourceVersion=11: type=MODIFIED "
+        "resourceVersion=12 pod=?: metadata.name: Field required; relisting by LIST "
+        "(frame unreadable) in "
+    )
+
+
+@pytest.mark.parametrize("event_type", ["ADDED", "MODIFIED", "DELETED", "SOMETHING"])
+@pytest.mark.parametrize("api_class", [ContractPodApi, FakePodApi])
+async def test_a_frame_without_a_pod_from_any_api_ends_the_watch_and_relists(
+    event_type: str, api_class: type[ContractPodApi], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 24.3: a ``PodWatchEvent`` of a pod type whose ``pod`` is ``None``, as a user's
+    ``KubernetesPodApi`` may yield it, used to read as a bookmark: the cursor moved to it and the
+    pod stayed missing until the next relist. Go's decoder makes it a ``watch.Error``."""
+    clock = FakeClock()
+    podless = PodWatchEvent(event_type, None, "12")
+    api = api_class(lists=[page("10", "a"), page("20", "a", "b")], watches=[[podless]])
+    with caplog.at_level(logging.ERROR):
+        async with running(api, clock) as run:
+            await step_waited(clock)
+            assert [list(r.objects) for r in run.replaces()] == [["a"], ["a", "b"]]
+            assert [c.resource_version for c in api.watch_calls] == ["10", "20"]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert f"type={event_type} resourceVersion=12 pod=?: {event_type} frame without a pod" in line
+    assert "relisting by LIST (frame unreadable)" in line
+
+
+def _odd_field_values() -> dict[str, Any]:
+    odd = realistic_pod("a", "cell-1", resource_version="12")
+    odd["status"]["conditions"][0]["lastTransitionTime"] = "0000-01-01T00:00:00Z"
+    odd["status"]["phase"] = "Exploded"
+    odd["status"]["containerStatuses"][0]["restartCount"] = "many"
+    return odd
+
+
+def _unkeyable(edit: str) -> bytes:
+    broken = realistic_pod("a", "cell-1", resource_version="12")
+    if edit == "no name":
+        del broken["metadata"]["name"]
+    else:
+        broken["metadata"]["labels"]["miles.io/cell"] = 7
+    return frame("MODIFIED", broken)
+
+
+async def test_a_frame_with_odd_field_values_is_still_a_pod_and_moves_it_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 26.1, the lenient side of the line: a year-0 time, an unknown phase and a count that
+    is not a number read as absent (or as they are) and the frame is applied; no relist."""
+    clock = FakeClock()
+    event = decode_watch_line(frame("MODIFIED", _odd_field_values()))
+    api = FakePodApi(lists=[page("10", "a")], watches=[[event]])
+    with caplog.at_level(logging.WARNING):
+        async with running(api, clock) as run:
+            await step_waited(clock, 3)
+            (upsert,) = [e for e in run.events if isinstance(e, UpsertEvent)]
+            assert upsert.obj.metadata.labels["miles.io/cell"] == "cell-1"
+            assert upsert.obj.status.phase == "Exploded"
+            assert len(api.list_calls) == 1
+    assert warnings(caplog) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        _unkeyable("no name"),
+        _unkeyable("a label that is not a string"),
+        frame("MODIFIED", realistic_pod("a", "cell-1", resource_version="12"))[:700],
+        b"\x00\x17garbage that is not a frame",
+    ],
+    ids=["no name", "bad label", "cut JSON", "not a frame"],
+)
+async def test_a_frame_that_cannot_be_read_or_keyed_relists_within_one_backoff_step(
+    line: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26.1, the other side of the line: the decoder's ``FrameDecodeError`` ends the watch
+    (as the API's stream raises it), and the relist one backoff step later brings the pod's
+    current state: ``a`` under ``cell-1``."""
+    with pytest.raises(FrameDecodeError) as decoded:
+        decode_watch_line(line)
+    clock = FakeClock()
+    now = PodListPage((pod("a", "cell-1", "20"),), "20")
+    api = FakePodApi(lists=[page("10", "a"), now], watches=[[decoded.value]])
+    with caplog.at_level(logging.ERROR):
+        async with running(api, clock) as run:
+            await step_waited(clock)
+            assert len(api.list_calls) == 2
+            assert run.replaces()[-1].objects["a"].metadata.labels["miles.io/cell"] == "cell-1"
+    (logged,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "pod watch frame unreadable after resourceVersion=10: type=" in logged
+    assert decoded.value.reason in logged
+    assert "relisting by LIST (frame unreadable) in " in logged
+
+
+async def test_a_streaming_list_frame_without_a_pod_falls_back_to_a_list() -> None:
+    """Issue 24.3 in a streaming list: the frame fails it, and it falls back to its LIST at once,
+    as any failed streaming list does."""
+    clock = FakeClock()
+    api = StreamingFakePodApi(
+        lists=[page("20", "a")],
+        stream_lists=[[added("a", "11"), PodWatchEvent("ADDED", None, "12")]],
+    )
+    async with running(api, clock, streaming_list=True) as run:
+        await clock.advance(0)
+        assert api.stream_list_calls == 1
+        assert len(api.list_calls) == 1
+        assert [list(r.objects) for r in run.replaces()] == [["a"]]
 
 
 @pytest.mark.parametrize(
