@@ -37,6 +37,8 @@ class Installed:
     home: Path
     bin_dir: Path
     go_caches: Mapping[str, str]
+    build_output: str
+    """What `pip wheel -v` printed, the build backend's own output included."""
 
     def environ(self, **extra: str) -> dict[str, str]:
         """A user's environment: no PYTHONPATH or virtualenv of the checkout, per-user folders in
@@ -74,13 +76,15 @@ class Installed:
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
-def _pip(settings: EnvSettings, *argv: str) -> None:
+def _pip(settings: EnvSettings, *argv: str) -> str:
+    """Runs pip; returns what it printed, stdout and stderr."""
     done = subprocess.run(argv, capture_output=True, text=True, timeout=PIP_TIMEOUT, check=False)
     if done.returncode != 0:
         reason = f"{' '.join(argv[:4])} ... failed:\n{done.stderr[-2000:]}"
         if settings.require:
             pytest.fail(reason)
         pytest.skip(reason)
+    return done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +99,8 @@ def installed(
     assert checkout not in home.parents
     started = time.monotonic()
     source = _copy_of_the_tree(checkout, home / "source")
-    _pip(k8s_settings, sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-         "-w", str(home / "wheel"), str(source))  # fmt: skip
+    build_output = _pip(k8s_settings, sys.executable, "-m", "pip", "wheel", "-v", "--no-deps",
+                        "-w", str(home / "wheel"), str(source))  # fmt: skip
     built = time.monotonic()
     (wheel,) = (home / "wheel").glob("miles_reconcile-*.whl")
     venv = home / "venv"
@@ -107,7 +111,13 @@ def installed(
         f"install layer: wheel built in {built - started:.1f}s, installed with [k8s] in "
         f"{time.monotonic() - built:.1f}s ({venv})"
     )
-    return Installed(venv=venv, home=home, bin_dir=k8s_binaries.etcd.parent, go_caches=_go_caches())
+    return Installed(
+        venv=venv,
+        home=home,
+        bin_dir=k8s_binaries.etcd.parent,
+        go_caches=_go_caches(),
+        build_output=build_output,
+    )
 
 
 def _copy_of_the_tree(checkout: Path, target: Path) -> Path:
@@ -156,6 +166,14 @@ def test_version_and_watch_help(installed: Installed) -> None:
     assert "--parent-label" in done.stdout
     done = installed.run("miles-reconcile", "--help")
     assert all(name in done.stdout for name in ("watch", "env", "demo"))
+
+
+def test_building_the_wheel_warns_of_no_undeclared_package(installed: Installed) -> None:
+    """The pin folders are declared packages of data, so setuptools, whose output `-v` shows
+    whatever pip's version, warns of no folder it would otherwise leave out (it did, 8 times)."""
+    assert "Building wheel" in installed.build_output
+    assert "absent from the `packages` configuration" not in installed.build_output
+    assert "Package would be ignored" not in installed.build_output
 
 
 def test_the_wheel_carries_every_pinned_module(installed: Installed) -> None:
