@@ -3,7 +3,7 @@ client-go, for a bounded time.
 
 Run from the repository root::
 
-    .venv/bin/python -m bench.soak --seconds 600 --seed 1     # the long one (docs/benchmarks.md figures)
+    .venv/bin/python -m bench.soak --seconds 600 --seed 1     # the long one (docs/benchmarks.md)
     .venv/bin/python -m bench.soak --seconds 150 --seed 1     # a short one
     .venv/bin/python -m bench.soak --plan ci --seed 1         # the CI scenario, once
 
@@ -91,7 +91,7 @@ def _arguments() -> argparse.Namespace:
         "--pod-kib",
         type=float,
         default=12.2,
-        help="RSS per stored pod subtracted in rss_less_pods_mib (docs/benchmarks.md: bench/apiserver.py)",
+        help="RSS per stored pod subtracted in rss_less_pods_mib (bench/apiserver.py)",
     )
     parser.add_argument(
         "--oracle-watch-list", action="store_true", help="client-go's WatchListClient on"
