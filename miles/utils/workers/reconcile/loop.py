@@ -13,6 +13,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from miles.utils.workers.reconcile.arguments import delay_range, optional_period, positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock, time_function
 from miles.utils.workers.reconcile.log import NamedLogger
+from miles.utils.workers.reconcile.metrics_provider import (
+    MetricsProvider,
+    NoMetrics,
+    ReconcileResult,
+)
 from miles.utils.workers.reconcile.object_store import KeyMapFn, ObjectStore
 from miles.utils.workers.reconcile.retry_scheduler import RetryScheduler
 from miles.utils.workers.reconcile.source_event import ParentKey, SourceWatchFn
@@ -27,7 +32,7 @@ from miles.utils.workers.reconcile.status import (
 from miles.utils.workers.reconcile.work_queue import WorkQueue
 
 if TYPE_CHECKING:
-    from miles.utils.workers.reconcile.metrics import LoopSeries, MetricsTarget
+    from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +96,7 @@ class ReconcileLoop:
         name: str | None = None,
         slow_reconcile_after: float = DEFAULT_SLOW_RECONCILE_AFTER,
         reconcile_timeout: float | None = None,
-        metrics: MetricsTarget | None = None,
+        metrics: MetricsProvider | CollectorRegistry | None = None,
         leadership: Leadership | None = None,
     ) -> None:
         self._resync_period = optional_period("resync_period", resync_period)
@@ -119,15 +124,13 @@ class ReconcileLoop:
             self._resync_period = MINIMUM_RESYNC_PERIOD
         self._reconcile = reconcile
         self._clock: Clock = RealClock() if clock is None else clock
-        self._metrics: LoopSeries | None = None
         self._leadership = leadership
-        if metrics is not None:
-            from miles.utils.workers.reconcile.metrics import attach
-
-            self._metrics = attach(metrics, self)
+        self._metrics = _provider(metrics).loop_metrics(
+            self.name, clock=self._clock, source_status=self.source_status
+        )
         self._store = ObjectStore(key_map=key_map, name=self.name)
         self._queue: WorkQueue[ParentKey] = WorkQueue(
-            clock=None if self._metrics is None else self._clock
+            on_added=None if self._metrics is None else self._metrics.added
         )
         self._driver = SourceStreamDriver(
             source=source,
@@ -287,19 +290,8 @@ class ReconcileLoop:
                 return _with_error(status, f"source_status() raised {exc!r}", self._clock)
         return self._driver.source_status()
 
-    @property
-    def clock(self) -> Clock:
-        return self._clock
-
-    @property
-    def queue(self) -> WorkQueue[ParentKey]:
-        return self._queue
-
-    @property
-    def retry_scheduler(self) -> RetryScheduler[ParentKey]:
-        return self._retries
-
     def in_flight_since(self) -> float | None:
+        """When the reconcile in flight started, on the loop's clock; ``None`` between them."""
         return None if self._in_flight is None else self._in_flight_since
 
     @property
@@ -390,6 +382,7 @@ class ReconcileLoop:
 
     async def _work(self) -> None:
         queue, reconcile, now = self._queue, self._reconcile, time_function(self._clock)
+        metrics = self._metrics
         task = asyncio.current_task()
         assert task is not None
         take = queue.get if self._leadership is None else self._take_while_leading
@@ -397,6 +390,8 @@ class ReconcileLoop:
             self._in_flight_seq = seq = self._in_flight_seq + 1
             self._in_flight = parent
             self._in_flight_since = started = now()
+            if metrics is not None:
+                metrics.started(started)
             try:
                 await reconcile(parent)
             except BaseException as exc:
@@ -409,11 +404,14 @@ class ReconcileLoop:
                 task.uncancel()
             if error is None:
                 self._retries.note_success(parent)
+                result: ReconcileResult = "success"
             else:
-                self._on_failure(parent, error, timed_out, task)
+                result = self._on_failure(parent, error, timed_out, task)
+            if metrics is not None:
+                metrics.finished(result)
+            if result == "stopped" and error is not None:
+                raise error
             self.reconciles += 1
-            if self._metrics is not None:
-                self._metrics.observe(started - queue.added_at, now() - started)
             if queue:
                 await asyncio.sleep(0)
 
@@ -429,33 +427,36 @@ class ReconcileLoop:
             parent = await queue.get()
             if parent is None or leadership.is_leader():
                 return parent
-            queue.add(parent)
+            queue.put_back(parent)
 
     def _on_failure(
         self, parent: ParentKey, error: BaseException, timed_out: bool, task: asyncio.Task[None]
-    ) -> None:
+    ) -> ReconcileResult:
         if isinstance(error, asyncio.CancelledError) and task.cancelling() > 0:
-            raise error
+            return "stopped"
         if isinstance(error, _FATAL):
             self._log.critical(
                 "reconcile of parent %r raised %r: the loop stops", parent, error, exc_info=error
             )
-            raise error
+            return "stopped"
         self.reconcile_failures += 1
         if timed_out:
             self.reconcile_timeouts += 1
             reason = f"timed out after reconcile_timeout={self._timeout}s and was cancelled"
             delay = self._retries.note_failure(parent, reason)
             self._log.error("reconcile of parent %r %s; %s", parent, reason, _retrying(delay))
-            return
-        delay = self._retries.note_failure(parent, _one_line(error))
-        self._log.error(
-            "reconcile of parent %r failed, %s: %r",
-            parent,
-            _retrying(delay),
-            error,
-            exc_info=error,
-        )
+        else:
+            delay = self._retries.note_failure(parent, _one_line(error))
+            self._log.error(
+                "reconcile of parent %r failed, %s: %r",
+                parent,
+                _retrying(delay),
+                error,
+                exc_info=error,
+            )
+        if self._metrics is not None and math.isfinite(delay):
+            self._metrics.retried()
+        return "timeout" if timed_out else "error"
 
     async def _watch_reconciles(self) -> None:
         """Logs a reconcile once it has run ``slow_reconcile_after``; cancels it at
@@ -503,6 +504,16 @@ class ReconcileLoop:
         while True:
             await self._clock.sleep(period)
             self._queue.add_all(self._store.parent_keys())
+
+
+def _provider(metrics: MetricsProvider | CollectorRegistry | None) -> MetricsProvider:
+    if metrics is None:
+        return NoMetrics()
+    if isinstance(metrics, MetricsProvider):
+        return metrics
+    from miles.utils.workers.reconcile.metrics import ReconcileMetrics
+
+    return ReconcileMetrics(metrics)
 
 
 def _status_reporter(source: object) -> StatusReporter | None:

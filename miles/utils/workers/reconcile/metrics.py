@@ -1,24 +1,16 @@
-"""Prometheus metrics of a ``ReconcileLoop``, by controller-runtime's names. Go: CR
-``pkg/internal/controller/metrics`` and ``pkg/internal/metrics/workqueue.go``.
+"""Prometheus metrics of a ``ReconcileLoop``, by controller-runtime's names: the ``MetricsProvider``
+the loop reports to. Go: CR ``pkg/internal/controller/metrics`` and
+``pkg/internal/metrics/workqueue.go``.
 
-Nothing is exported per event: the loop keeps plain counters it needs for ``status()`` anyway,
-and one custom collector reads them when the registry is scraped. Only the three histograms are
-observed as they happen, once per reconcile, by appending to a list that is counted into buckets
-a thousand at a time. ``prometheus_client``
-(the ``metrics`` extra) is imported here only, and this module only when a loop is given a
-registry, so the runtime imports without it.
+Nothing is exported per event: a report adds to a plain counter, and one custom collector reads
+the counters when the registry is scraped. Only the three histograms are observed as they happen,
+once per reconcile, by appending to a list that is counted into buckets a thousand at a time.
+``prometheus_client`` (the ``metrics`` extra) is imported here only, and this module only when a
+loop is given a registry, so the runtime imports without it. It imports nothing of the loop's.
 
 Series, with CR's labels (``controller`` and, for the workqueue, ``name``, both the loop's name):
-``workqueue_depth`` (also ``priority=""``, as CR's non-priority queue), ``workqueue_adds_total``,
-``workqueue_queue_duration_seconds``, ``workqueue_work_duration_seconds``,
-``workqueue_unfinished_work_seconds``, ``workqueue_longest_running_processor_seconds``,
-``workqueue_retries_total``, ``controller_runtime_reconcile_total{result}`` (``success`` or
-``error``), ``controller_runtime_reconcile_errors_total``,
-``controller_runtime_reconcile_timeouts_total``, ``controller_runtime_reconcile_time_seconds``,
-``controller_runtime_active_workers``, ``controller_runtime_max_concurrent_reconciles``; and the
-source's, with ``name`` (the old ``reflector_*`` names of Kubernetes' component-base):
-``reflector_lists_total``, ``reflector_watches_total``, ``reflector_relists_total{reason}``,
-``reflector_events_total``, ``reflector_last_resource_version``.
+``FAMILIES`` below, each once; the source's with ``name`` (the old ``reflector_*`` names of
+Kubernetes' component-base), read from the loop's ``source_status()`` at scrape.
 """
 
 from __future__ import annotations
@@ -26,8 +18,10 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -37,10 +31,10 @@ from prometheus_client.core import (
     Metric,
 )
 
+from miles.utils.workers.reconcile.clock import Clock, time_function
 from miles.utils.workers.reconcile.log import NamedLogger
-
-if TYPE_CHECKING:
-    from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.metrics_provider import ReconcileResult
+from miles.utils.workers.reconcile.status import SourceStatus
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +46,6 @@ RECONCILE_TIME_BUCKETS: tuple[float, ...] = (
     *(6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0),
 )
 """CR's ``controller_runtime_reconcile_time_seconds`` buckets."""
-
-_LOOP_LABELS = ("controller",)
-_QUEUE_LABELS = ("name", "controller")
 
 
 class Buckets:
@@ -107,36 +98,84 @@ class Buckets:
 
 
 class LoopSeries:
-    """What one loop observes as it runs; everything else is read from the loop at scrape."""
+    """One loop's series: what the loop reported (``LoopMetrics``), and its source's status,
+    read at scrape. Once a report raises, the histograms stop with one log line; counts go on."""
 
-    def __init__(self, loop: ReconcileLoop) -> None:
-        self.loop = loop
+    def __init__(self, name: str, clock: Clock, source_status: Callable[[], SourceStatus]) -> None:
+        self.name = name
+        self.source_status = source_status
+        self.now = time_function(clock)
+        self.taken = 0
+        self.retries = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.timeouts = 0
+        self.running_since: float | None = None
         self.queue_duration = Buckets(WORKQUEUE_BUCKETS)
         self.work_duration = Buckets(WORKQUEUE_BUCKETS)
         self.reconcile_time = Buckets(RECONCILE_TIME_BUCKETS)
-        self._log = NamedLogger(logger, loop.name)
+        self._added_at: deque[float] = deque()
+        self._log = NamedLogger(logger, name)
         self._broken = False
 
-    def observe(self, waited: float, elapsed: float) -> None:
-        """One reconcile: how long its parent waited in the queue, how long it ran."""
-        if self._broken:
+    @property
+    def depth(self) -> int:
+        return len(self._added_at)
+
+    @property
+    def adds(self) -> int:
+        """Keys that entered the queue: taken plus still queued, as ``WorkQueue.adds``."""
+        return self.taken + len(self._added_at)
+
+    def added(self, count: int) -> None:
+        self._added_at.extend((self.now(),) * count)
+
+    def started(self, at: float) -> None:
+        self.taken += 1
+        self.running_since = at
+        try:
+            waited = at - self._added_at.popleft()
+            if not self._broken:
+                self.queue_duration.pending.append(waited)
+        except Exception as exc:
+            self._stop_observing(exc)
+
+    def finished(self, result: ReconcileResult) -> None:
+        since, self.running_since = self.running_since, None
+        if result == "success":
+            self.succeeded += 1
+        elif result == "stopped":
+            return
+        else:
+            self.failed += 1
+            if result == "timeout":
+                self.timeouts += 1
+        if self._broken or since is None:
             return
         try:
-            queue, work, reconcile = self.queue_duration, self.work_duration, self.reconcile_time
-            queue.pending.append(waited)
+            elapsed = self.now() - since
+            work, reconcile = self.work_duration, self.reconcile_time
             work.pending.append(elapsed)
             reconcile.pending.append(elapsed)
             if len(reconcile.pending) >= Buckets.FOLD_EVERY:
-                queue.fold()
+                self.queue_duration.fold()
                 work.fold()
                 reconcile.fold()
         except Exception as exc:
+            self._stop_observing(exc)
+
+    def retried(self) -> None:
+        self.retries += 1
+
+    def _stop_observing(self, exc: Exception) -> None:
+        if not self._broken:
             self._broken = True
             self._log.error("metrics stopped observing reconciles: %r", exc)
 
 
 class ReconcileMetrics:
-    """One collector on ``registry`` for every loop attached to it, by the loop's name.
+    """The Prometheus ``MetricsProvider``: one collector on ``registry`` for every loop given it,
+    by the loop's name.
 
     Registering is the one place a registry can refuse (a name already taken, e.g. a second
     ``ReconcileMetrics`` on it): ``ValueError`` at construction. Loops that share a registry
@@ -154,175 +193,189 @@ class ReconcileMetrics:
                 " share a registry must share one ReconcileMetrics(registry)"
             ) from exc
 
-    def attach(self, loop: ReconcileLoop) -> LoopSeries:
-        if loop.name in self._loops:
+    def loop_metrics(
+        self, name: str, *, clock: Clock, source_status: Callable[[], SourceStatus]
+    ) -> LoopSeries:
+        if name in self._loops:
             raise ValueError(
-                f"a reconcile loop named {loop.name!r} already reports to these metrics;"
+                f"a reconcile loop named {name!r} already reports to these metrics;"
                 " give each loop its own name= (controller-runtime: controller names are unique)"
             )
-        series = self._loops[loop.name] = LoopSeries(loop)
+        series = self._loops[name] = LoopSeries(name, clock, source_status)
         return series
 
     def describe(self) -> Iterator[Metric]:
         return _families({})
 
     def collect(self) -> Iterator[Metric]:
-        samples: dict[str, list[tuple[Sequence[str], object]]] = {}
+        samples: dict[Family, list[_Sample]] = {}
         for name, series in list(self._loops.items()):
             try:
                 rows = _read(series)
             except Exception as exc:
                 NamedLogger(logger, name).error("metrics scrape skipped this loop: %r", exc)
                 continue
-            for family, row in rows:
-                samples.setdefault(family, []).append(row)
+            for family, labels, value in rows:
+                samples.setdefault(family, []).append((labels, value))
         return _families(samples)
 
 
 MetricsTarget = CollectorRegistry | ReconcileMetrics
-"""What ``ReconcileLoop(metrics=...)`` accepts: a registry, or the metrics of one shared."""
+"""What ``ReconcileLoop(metrics=...)`` takes besides any ``MetricsProvider``: a registry, or the
+metrics of one shared."""
 
 
-def attach(target: MetricsTarget, loop: ReconcileLoop) -> LoopSeries:
-    metrics = target if isinstance(target, ReconcileMetrics) else ReconcileMetrics(target)
-    return metrics.attach(loop)
+@dataclass(frozen=True)
+class Family:
+    """One metric family by CR's name (``_total`` is added by ``prometheus_client``)."""
+
+    kind: Literal["counter", "gauge", "histogram"]
+    name: str
+    documentation: str
+    labels: tuple[str, ...]
 
 
-_Row = tuple[str, tuple[Sequence[str], object]]
+_LOOP = ("controller",)
+_QUEUE = ("name", "controller")
+_SOURCE = ("name",)
+
+DEPTH = Family(
+    "gauge", "workqueue_depth", "Current depth of workqueue", ("name", "controller", "priority")
+)
+ADDS = Family("counter", "workqueue_adds", "Total number of adds handled by workqueue", _QUEUE)
+RETRIES = Family(
+    "counter", "workqueue_retries", "Total number of retries handled by workqueue", _QUEUE
+)
+UNFINISHED_WORK = Family(
+    "gauge",
+    "workqueue_unfinished_work_seconds",
+    "How many seconds of work has been done that is in progress and hasn't been observed"
+    " by work_duration",
+    _QUEUE,
+)
+LONGEST_RUNNING = Family(
+    "gauge",
+    "workqueue_longest_running_processor_seconds",
+    "How many seconds has the longest running processor for workqueue been running",
+    _QUEUE,
+)
+QUEUE_DURATION = Family(
+    "histogram",
+    "workqueue_queue_duration_seconds",
+    "How long in seconds an item stays in workqueue before being requested",
+    _QUEUE,
+)
+WORK_DURATION = Family(
+    "histogram",
+    "workqueue_work_duration_seconds",
+    "How long in seconds processing an item from workqueue takes",
+    _QUEUE,
+)
+RECONCILES = Family(
+    "counter",
+    "controller_runtime_reconcile",
+    "Total number of reconciliations per controller",
+    ("controller", "result"),
+)
+RECONCILE_ERRORS = Family(
+    "counter",
+    "controller_runtime_reconcile_errors",
+    "Total number of reconciliation errors per controller",
+    _LOOP,
+)
+RECONCILE_TIMEOUTS = Family(
+    "counter",
+    "controller_runtime_reconcile_timeouts",
+    "Total number of reconciliation timeouts per controller",
+    _LOOP,
+)
+RECONCILE_TIME = Family(
+    "histogram",
+    "controller_runtime_reconcile_time_seconds",
+    "Length of time per reconciliation per controller",
+    _LOOP,
+)
+ACTIVE_WORKERS = Family(
+    "gauge",
+    "controller_runtime_active_workers",
+    "Number of currently used workers per controller",
+    _LOOP,
+)
+MAX_CONCURRENT = Family(
+    "gauge",
+    "controller_runtime_max_concurrent_reconciles",
+    "Maximum number of concurrent reconciles per controller",
+    _LOOP,
+)
+LISTS = Family(
+    "counter", "reflector_lists", "Total number of API lists done by the reflectors", _SOURCE
+)
+WATCHES = Family(
+    "counter", "reflector_watches", "Total number of API watches done by the reflectors", _SOURCE
+)
+RELISTS = Family(
+    "counter",
+    "reflector_relists",
+    "Total number of relists after the first list, by reason",
+    ("name", "reason"),
+)
+EVENTS = Family(
+    "counter", "reflector_events", "Total number of events the source delivered", _SOURCE
+)
+LAST_RESOURCE_VERSION = Family(
+    "gauge",
+    "reflector_last_resource_version",
+    "Last resource version seen for the reflectors",
+    _SOURCE,
+)
+FAMILIES = (
+    *(DEPTH, ADDS, RETRIES, UNFINISHED_WORK, LONGEST_RUNNING, QUEUE_DURATION, WORK_DURATION),
+    *(RECONCILES, RECONCILE_ERRORS, RECONCILE_TIMEOUTS, RECONCILE_TIME),
+    *(ACTIVE_WORKERS, MAX_CONCURRENT),
+    *(LISTS, WATCHES, RELISTS, EVENTS, LAST_RESOURCE_VERSION),
+)
+"""Every family, in the order a scrape lists them: the one table of names."""
+
+_Sample = tuple[Sequence[str], float | Buckets]
 
 
-def _read(series: LoopSeries) -> list[_Row]:
-    loop = series.loop
-    name = loop.name
-    loop_labels, queue_labels = (name,), (name, name)
-    since = loop.in_flight_since()
-    running = 0.0 if since is None else max(0.0, loop.clock.time() - since)
-    failures = loop.reconcile_failures
-    source = loop.source_status()
-    rows: list[_Row] = [
-        ("workqueue_depth", ((name, name, ""), len(loop.queue))),
-        ("workqueue_adds", (queue_labels, loop.queue.adds)),
-        ("workqueue_retries", (queue_labels, loop.retry_scheduler.retries)),
-        ("workqueue_unfinished_work_seconds", (queue_labels, running)),
-        ("workqueue_longest_running_processor_seconds", (queue_labels, running)),
-        ("workqueue_queue_duration_seconds", (queue_labels, series.queue_duration)),
-        ("workqueue_work_duration_seconds", (queue_labels, series.work_duration)),
-        ("controller_runtime_reconcile", ((name, "success"), loop.reconciles - failures)),
-        ("controller_runtime_reconcile", ((name, "error"), failures)),
-        ("controller_runtime_reconcile_errors", (loop_labels, failures)),
-        ("controller_runtime_reconcile_timeouts", (loop_labels, loop.reconcile_timeouts)),
-        ("controller_runtime_reconcile_time_seconds", (loop_labels, series.reconcile_time)),
-        ("controller_runtime_active_workers", (loop_labels, 0 if since is None else 1)),
-        ("controller_runtime_max_concurrent_reconciles", (loop_labels, 1)),
-        ("reflector_lists", ((name,), source.lists)),
-        ("reflector_watches", ((name,), source.watches)),
-        ("reflector_events", ((name,), source.events)),
+def _read(series: LoopSeries) -> list[tuple[Family, Sequence[str], float | Buckets]]:
+    """Every sample of one loop, by family; the reflector's from its source's status."""
+    name = series.name
+    loop, queue = (name,), (name, name)
+    since = series.running_since
+    running = 0.0 if since is None else max(0.0, series.now() - since)
+    source = series.source_status()
+    rows: list[tuple[Family, Sequence[str], float | Buckets]] = [
+        (DEPTH, (name, name, ""), series.depth),
+        (ADDS, queue, series.adds),
+        (RETRIES, queue, series.retries),
+        (UNFINISHED_WORK, queue, running),
+        (LONGEST_RUNNING, queue, running),
+        (QUEUE_DURATION, queue, series.queue_duration),
+        (WORK_DURATION, queue, series.work_duration),
+        (RECONCILES, (name, "success"), series.succeeded),
+        (RECONCILES, (name, "error"), series.failed),
+        (RECONCILE_ERRORS, loop, series.failed),
+        (RECONCILE_TIMEOUTS, loop, series.timeouts),
+        (RECONCILE_TIME, loop, series.reconcile_time),
+        (ACTIVE_WORKERS, loop, 0 if since is None else 1),
+        (MAX_CONCURRENT, loop, 1),
+        (LISTS, (name,), source.lists),
+        (WATCHES, (name,), source.watches),
+        (EVENTS, (name,), source.events),
     ]
-    rows.extend(
-        ("reflector_relists", ((name, reason), count)) for reason, count in source.relists.items()
-    )
+    rows.extend((RELISTS, (name, reason), count) for reason, count in source.relists.items())
     if source.cursor is not None and source.cursor.isdigit():
-        rows.append(("reflector_last_resource_version", ((name,), float(source.cursor))))
+        rows.append((LAST_RESOURCE_VERSION, (name,), float(source.cursor)))
     return rows
 
 
-_FAMILIES: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    ("gauge", "workqueue_depth", "Current depth of workqueue", ("name", "controller", "priority")),
-    ("counter", "workqueue_adds", "Total number of adds handled by workqueue", _QUEUE_LABELS),
-    (
-        "counter",
-        "workqueue_retries",
-        "Total number of retries handled by workqueue",
-        _QUEUE_LABELS,
-    ),
-    (
-        "gauge",
-        "workqueue_unfinished_work_seconds",
-        "How many seconds of work has been done that is in progress and hasn't been observed"
-        " by work_duration",
-        _QUEUE_LABELS,
-    ),
-    (
-        "gauge",
-        "workqueue_longest_running_processor_seconds",
-        "How many seconds has the longest running processor for workqueue been running",
-        _QUEUE_LABELS,
-    ),
-    (
-        "histogram",
-        "workqueue_queue_duration_seconds",
-        "How long in seconds an item stays in workqueue before being requested",
-        _QUEUE_LABELS,
-    ),
-    (
-        "histogram",
-        "workqueue_work_duration_seconds",
-        "How long in seconds processing an item from workqueue takes",
-        _QUEUE_LABELS,
-    ),
-    (
-        "counter",
-        "controller_runtime_reconcile",
-        "Total number of reconciliations per controller",
-        ("controller", "result"),
-    ),
-    (
-        "counter",
-        "controller_runtime_reconcile_errors",
-        "Total number of reconciliation errors per controller",
-        _LOOP_LABELS,
-    ),
-    (
-        "counter",
-        "controller_runtime_reconcile_timeouts",
-        "Total number of reconciliation timeouts per controller",
-        _LOOP_LABELS,
-    ),
-    (
-        "histogram",
-        "controller_runtime_reconcile_time_seconds",
-        "Length of time per reconciliation per controller",
-        _LOOP_LABELS,
-    ),
-    (
-        "gauge",
-        "controller_runtime_active_workers",
-        "Number of currently used workers per controller",
-        _LOOP_LABELS,
-    ),
-    (
-        "gauge",
-        "controller_runtime_max_concurrent_reconciles",
-        "Maximum number of concurrent reconciles per controller",
-        _LOOP_LABELS,
-    ),
-    ("counter", "reflector_lists", "Total number of API lists done by the reflectors", ("name",)),
-    (
-        "counter",
-        "reflector_watches",
-        "Total number of API watches done by the reflectors",
-        ("name",),
-    ),
-    (
-        "counter",
-        "reflector_relists",
-        "Total number of relists after the first list, by reason",
-        ("name", "reason"),
-    ),
-    ("counter", "reflector_events", "Total number of events the source delivered", ("name",)),
-    (
-        "gauge",
-        "reflector_last_resource_version",
-        "Last resource version seen for the reflectors",
-        ("name",),
-    ),
-)
-
-
-def _families(samples: dict[str, list[tuple[Sequence[str], object]]]) -> Iterator[Metric]:
-    for kind, name, documentation, labels in _FAMILIES:
-        rows = samples.get(name, ())
-        if kind == "histogram":
+def _families(samples: dict[Family, list[_Sample]]) -> Iterator[Metric]:
+    for family in FAMILIES:
+        rows = samples.get(family, ())
+        name, documentation, labels = family.name, family.documentation, family.labels
+        if family.kind == "histogram":
             histogram = HistogramMetricFamily(name, documentation, labels=labels)
             for label_values, buckets in rows:
                 assert isinstance(buckets, Buckets)
@@ -330,9 +383,9 @@ def _families(samples: dict[str, list[tuple[Sequence[str], object]]]) -> Iterato
                 histogram.add_metric(list(label_values), cumulative, total)
             yield histogram
             continue
-        family_type = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
-        family = family_type(name, documentation, labels=labels)
+        family_type = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+        metric = family_type(name, documentation, labels=labels)
         for label_values, value in rows:
             assert isinstance(value, int | float)
-            family.add_metric(list(label_values), float(value))
-        yield family
+            metric.add_metric(list(label_values), float(value))
+        yield metric

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Generic, TypeVar
-
-from miles.utils.workers.reconcile.clock import Clock, time_function
 
 K = TypeVar("K", bound=Hashable)
 
@@ -21,21 +19,17 @@ class WorkQueue(Generic[K]):
     slot deleted before it.
 
     ``adds`` counts keys that entered the queue (a key already queued does not count, as in Go's
-    ``workqueue_adds_total``). Given a ``clock`` (construct it on the event loop that uses it), the
-    queue also notes when each key entered: ``added_at`` is that time for the key ``get`` last
-    returned (for Go's ``workqueue_queue_duration_seconds``); without one it stays 0 and costs
-    nothing.
+    ``workqueue_adds_total``). Given ``on_added``, the queue tells it how many keys entered after
+    each ``add_all`` that queued one (Go: ``queueMetrics.add``); without it, adding calls nothing.
     """
 
-    def __init__(self, *, clock: Clock | None = None) -> None:
+    def __init__(self, *, on_added: Callable[[int], None] | None = None) -> None:
         self._order: deque[K] = deque()
         self._queued: set[K] = set()
         self._waiter: asyncio.Future[None] | None = None
         self._shut_down = False
-        self._now = None if clock is None else time_function(clock)
-        self._added_at: deque[float] = deque()
+        self._on_added = on_added
         self._taken = 0
-        self.added_at = 0.0
 
     def add(self, key: K) -> None:
         self.add_all((key,))
@@ -44,14 +38,14 @@ class WorkQueue(Generic[K]):
         """Queues each key not yet queued, in iteration order; wakes the waiter at most once."""
         if self._shut_down:
             return
-        queued, order, now = self._queued, self._order, self._now
+        queued, order, on_added = self._queued, self._order, self._on_added
         before = len(order)
         for key in keys:
             if key not in queued:
                 queued.add(key)
                 order.append(key)
-        if now is not None and len(order) > before:
-            self._added_at.extend((now(),) * (len(order) - before))
+        if on_added is not None and len(order) > before:
+            on_added(len(order) - before)
         if order and self._waiter is not None:
             self._wake()
 
@@ -65,8 +59,6 @@ class WorkQueue(Generic[K]):
                 key = self._order.popleft()
                 self._queued.discard(key)
                 self._taken += 1
-                if self._now is not None:
-                    self.added_at = self._added_at.popleft()
                 return key
             self._waiter = asyncio.get_running_loop().create_future()
             try:
@@ -74,6 +66,18 @@ class WorkQueue(Generic[K]):
             finally:
                 self._waiter = None
         return None
+
+    def put_back(self, key: K) -> None:
+        """Returns a key ``get`` handed out but nobody worked on to the front, as if it had not
+        been taken: it keeps its place and is not counted or reported as added again. Go: none;
+        the loop's leadership gate, which takes a key and then finds itself no longer leading."""
+        if self._shut_down or key in self._queued:
+            return
+        self._queued.add(key)
+        self._order.appendleft(key)
+        self._taken -= 1
+        if self._waiter is not None:
+            self._wake()
 
     def shutdown(self) -> None:
         self._shut_down = True

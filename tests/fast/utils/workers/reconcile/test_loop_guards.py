@@ -407,7 +407,6 @@ async def test_a_stopped_loop_reports_no_retry_and_a_failure_while_stopping_reco
     with caplog.at_level(logging.ERROR):
         await loop.stop()
     assert loop.status().retries == ()
-    assert loop.retry_scheduler.pending() == []
     assert any(
         "'cell-1' failed, not retried: the loop stopped" in r.getMessage() for r in caplog.records
     )

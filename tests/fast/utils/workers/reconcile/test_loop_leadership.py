@@ -77,7 +77,7 @@ async def test_a_loop_standing_by_syncs_its_store_and_reconciles_nothing() -> No
         await clock.advance(3600)
         assert loop.get_by_parent("c") == [Pod("c-0", "c")], "the cache stays warm"
         assert reconcile.calls == []
-        assert len(loop.queue) == 3
+        assert loop.status().queue_depth == 3
         switch.set(True)
         await settle()
         assert sorted(reconcile.calls) == ["a", "b", "c"]
@@ -96,7 +96,7 @@ async def test_a_parent_taken_as_leadership_ends_waits_for_the_next_term() -> No
         source.push(upsert(Pod("a-0", "a")))
         await clock.advance(60)
         assert reconcile.calls == []
-        assert len(loop.queue) == 1
+        assert loop.status().queue_depth == 1
         switch.set(True)
         await settle()
         assert reconcile.calls == ["a"]
@@ -149,5 +149,5 @@ async def test_never_a_reconcile_while_the_elector_does_not_hold_the_lease() -> 
         source.push(upsert(Pod("b-0", "b")))
         await clock.advance(60)
         assert len(reconcile.calls) == dispatched
-        assert len(loop.queue) >= 1
+        assert loop.status().queue_depth >= 1
     assert reconcile.while_not_leading == []

@@ -1,4 +1,5 @@
-"""Fast layer: ``metrics.py``: controller-runtime's series for a loop, read at scrape time."""
+"""Fast layer: ``metrics_provider.py`` and ``metrics.py``: what a loop reports, and
+controller-runtime's series made of it, read at scrape time."""
 
 from __future__ import annotations
 
@@ -7,17 +8,24 @@ import logging
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from miles.utils.workers.reconcile.clock import FakeClock, settle
+from miles.utils.workers.reconcile.clock import Clock, FakeClock, settle
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.metrics import (
     RECONCILE_TIME_BUCKETS,
     Buckets,
+    LoopSeries,
     ReconcileMetrics,
+)
+from miles.utils.workers.reconcile.metrics_provider import (
+    MetricsProvider,
+    NoMetrics,
+    ReconcileResult,
 )
 from miles.utils.workers.reconcile.source_event import ParentKey
 from miles.utils.workers.reconcile.status import SourcePhase, SourceStatus
@@ -126,6 +134,146 @@ async def test_reconcile_series_by_result_errors_timeouts_and_time() -> None:
     assert len(RECONCILE_TIME_BUCKETS) == 40
 
 
+class _RecordingProvider:
+    """A ``MetricsProvider`` that is its own ``LoopMetrics`` and writes every report down."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.reports: list[tuple[str, object]] = []
+        self.source_status: Callable[[], SourceStatus] | None = None
+
+    def loop_metrics(
+        self, name: str, *, clock: Clock, source_status: Callable[[], SourceStatus]
+    ) -> _RecordingProvider:
+        self.asked.append(name)
+        self.source_status = source_status
+        return self
+
+    def added(self, count: int) -> None:
+        self.reports.append(("added", count))
+
+    def started(self, at: float) -> None:
+        self.reports.append(("started", at))
+
+    def finished(self, result: ReconcileResult) -> None:
+        self.reports.append(("finished", result))
+
+    def retried(self) -> None:
+        self.reports.append(("retried", None))
+
+
+async def test_the_loop_reports_adds_starts_results_and_retries_to_its_provider() -> None:
+    source, clock, provider = FakeSource(), FakeClock(), _RecordingProvider()
+
+    async def reconcile(parent: ParentKey) -> None:
+        if parent == "cell-1":
+            raise ValueError("down")
+        if parent in ("cell-2", "cell-3"):
+            await clock.sleep(100.0)
+
+    loop = _loop(
+        source,
+        reconcile,
+        clock,
+        metrics=provider,
+        reconcile_timeout=3.0,
+        failure_base_delay=1000.0,
+        failure_max_delay=1000.0,
+    )
+    assert isinstance(provider, MetricsProvider)
+    assert provider.asked == [NAME]
+    source.push(replace(Pod("a", "cell-0"), Pod("b", "cell-1"), Pod("c", "cell-2")))
+    async with loop:
+        await clock.advance(3.0)
+        assert provider.source_status is not None
+        assert provider.source_status().lists == 1
+        source.push(upsert(Pod("d", "cell-3")), upsert(Pod("e", "cell-3")))
+        await settle()
+    assert provider.reports == [
+        ("added", 3),
+        ("started", 0.0),
+        ("finished", "success"),
+        ("started", 0.0),
+        ("retried", None),
+        ("finished", "error"),
+        ("started", 0.0),
+        ("retried", None),
+        ("finished", "timeout"),
+        ("added", 1),
+        ("started", 3.0),
+        ("finished", "stopped"),
+    ], "a key already queued is not added again; stop() ends the reconcile in flight"
+
+
+async def test_a_failure_while_the_loop_stops_is_reported_without_a_retry() -> None:
+    source, clock, provider = FakeSource(), FakeClock(), _RecordingProvider()
+
+    async def reconcile(parent: ParentKey) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    source.push(replace(Pod("a", "cell-0")))
+    async with _loop(source, reconcile, clock, metrics=provider):
+        await settle()
+    assert provider.reports == [("added", 1), ("started", 0.0), ("finished", "error")]
+
+
+async def test_a_loop_stopped_during_a_reconcile_leaves_nothing_in_flight() -> None:
+    source, clock, registry = FakeSource(), FakeClock(), CollectorRegistry()
+
+    async def reconcile(parent: ParentKey) -> None:
+        await clock.sleep(100.0)
+
+    source.push(replace(Pod("a", "cell-0")))
+    async with _loop(source, reconcile, clock, metrics=registry):
+        await clock.advance(2.0)
+        assert _value(registry, "controller_runtime_active_workers", LOOP) == 1
+    await clock.advance(5.0)
+    assert _value(registry, "controller_runtime_active_workers", LOOP) == 0
+    assert _value(registry, "workqueue_unfinished_work_seconds", QUEUE) == 0
+    assert _value(registry, "workqueue_queue_duration_seconds_count", QUEUE) == 1
+    assert _value(registry, "workqueue_work_duration_seconds_count", QUEUE) == 0
+    assert _value(registry, "controller_runtime_reconcile_total", {**LOOP, "result": "error"}) == 0
+
+
+async def test_a_parent_put_back_by_the_leadership_gate_is_not_counted_twice() -> None:
+    source, clock, registry = FakeSource(), FakeClock(), CollectorRegistry()
+    leading = [True]
+    resumed = asyncio.Event()
+
+    class Gate:
+        def is_leader(self) -> bool:
+            return leading[0]
+
+        async def wait_until_leading(self) -> None:
+            await resumed.wait()
+
+    loop = _loop(source, Recorder(), clock, metrics=registry, leadership=Gate())
+    source.push(replace())
+    async with loop:
+        await settle()
+        leading[0] = False
+        source.push(upsert(Pod("a", "cell-0")))
+        await clock.advance(2.0)
+        assert _value(registry, "workqueue_depth", {**QUEUE, "priority": ""}) == 1
+        assert _value(registry, "workqueue_adds_total", QUEUE) == 1
+        leading[0] = True
+        resumed.set()
+        await settle()
+        assert _value(registry, "workqueue_depth", {**QUEUE, "priority": ""}) == 0
+        assert _value(registry, "workqueue_adds_total", QUEUE) == 1
+        assert _value(registry, "workqueue_queue_duration_seconds_sum", QUEUE) == 2.0
+
+
+def test_the_default_provider_measures_nothing() -> None:
+    clock = FakeClock()
+    assert NoMetrics().loop_metrics(NAME, clock=clock, source_status=SourceStatus) is None
+    assert isinstance(NoMetrics(), MetricsProvider)
+    assert isinstance(ReconcileMetrics(CollectorRegistry()), MetricsProvider)
+
+
 class _Reflector:
     name = "ns/app=engine"
 
@@ -206,7 +354,7 @@ async def test_a_failing_metrics_backend_never_breaks_reconciles(
     recorder = Recorder()
     loop = _loop(source, recorder, clock, metrics=registry)
     series = loop._metrics
-    assert series is not None
+    assert isinstance(series, LoopSeries)
 
     series.work_duration = None  # type: ignore[assignment]
     source.push(replace(Pod("a", "cell-0"), Pod("b", "cell-1")))

@@ -237,3 +237,64 @@ def test_every_import_of_an_adapter_name_goes_to_its_home() -> None:
         if name not in own
     ]
     assert borrowed == []
+
+
+def _imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that ``path`` imports anywhere: at the top, inside a function,
+    or under ``TYPE_CHECKING``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    named: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            named.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            named.add(base)
+            named.update(f"{base}.{alias.name}" for alias in node.names)
+    return (named & modules) - {module}
+
+
+def _module_of(path: Path) -> str:
+    return ".".join(path.relative_to(_REPOSITORY).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return None
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if cycle := visit(imported):
+                return cycle
+        path.pop()
+        done.add(module)
+        return None
+
+    for module in sorted(graph):
+        if cycle := visit(module):
+            return cycle
+    return None
+
+
+def test_the_import_graph_of_what_ships_has_no_cycle() -> None:
+    """Packaging: no module under ``miles`` imports, however late, a module that imports it back
+    (``loop`` reports to ``metrics`` through ``metrics_provider`` and is never imported by it)."""
+    paths = {
+        ".".join(path.relative_to(_REPOSITORY).with_suffix("").parts).removesuffix(
+            ".__init__"
+        ): path
+        for path in sorted((_REPOSITORY / "miles").rglob("*.py"))
+    }
+    graph = {module: _imports_of(path, module, set(paths)) for module, path in paths.items()}
+    loop = "miles.utils.workers.reconcile.loop"
+    assert "miles.utils.workers.reconcile.metrics" in graph[loop], "the lazy import is seen"
+    assert _a_cycle(graph) is None, " -> ".join(_a_cycle(graph) or [])
+    assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]

@@ -120,3 +120,18 @@ async def test_add_and_get_touch_each_key_a_constant_number_of_times() -> None:
     small, large = await _touches_per_key(1_000), await _touches_per_key(20_000)
     assert large == small
     assert small <= 8
+
+
+async def test_a_key_put_back_keeps_its_place_and_is_not_added_again() -> None:
+    """``put_back`` (the loop's leadership gate): the key is first again, ``adds`` unchanged, and
+    ``on_added`` hears only of keys that really entered."""
+    added: list[int] = []
+    queue: WorkQueue[str] = WorkQueue(on_added=added.append)
+    queue.add_all(["a", "b"])
+    assert await queue.get() == "a"
+    queue.put_back("a")
+    queue.put_back("b")
+    assert (len(queue), queue.adds, added) == (2, 2, [2])
+    assert [await queue.get(), await queue.get()] == ["a", "b"]
+    queue.add("a")
+    assert (queue.adds, added) == (3, [2, 1])
