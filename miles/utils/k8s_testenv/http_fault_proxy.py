@@ -14,8 +14,9 @@ oracle) speaks HTTP/1.1 here and its HTTP/2 health check does not apply behind t
 Faults are `add(match, action, count=, seconds=)`: the first live fault whose `Match` fits a
 request decides it; `Respond` answers new requests itself, `BlackHole` swallows new requests and
 the rest of open responses (the connection is never closed), `CorruptChunk` breaks the next chunk
-of a chunked response (new or open) with a bad chunk-size line and then holds the connection open,
-`RewriteFrame` forwards the next pod frame of a watch (ADDED, MODIFIED or DELETED) rewritten.
+of a chunked response (new or open) with a bad chunk-size line or a chunk not ended by CRLF, and
+then holds the connection open; `RewriteFrame` forwards the next pod frame of a watch (ADDED,
+MODIFIED or DELETED) rewritten.
 Every request is recorded in `requests` (bounded), with what the proxy did to it.
 
 Like `TcpProxy`, it runs its own event loop on a daemon thread, so a busy test loop does not stall
@@ -38,7 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
 from miles.utils.k8s_testenv.certs import generate_serving_pair
@@ -51,6 +52,7 @@ _HEAD_LIMIT = 1024 * 1024
 _PIECE = 64 * 1024
 _HISTORY = 4096
 _BAD_CHUNK_SIZE = b"zz-not-a-chunk-size\r\n"
+_BAD_CHUNK_TERMINATOR = b"{}-chunk data longer than its size\r\n"
 _REASONS = {
     410: "Expired",
     429: "TooManyRequests",
@@ -160,10 +162,23 @@ class BlackHole:
 @dataclass(frozen=True)
 class CorruptChunk:
     """Forward half of the next chunk of the response as a valid chunk (so the client holds half
-    a frame), then a chunk-size line that is not hex; then forward nothing and keep it open."""
+    a frame), then break the chunked framing; then forward nothing and keep it open.
+
+    `framing="size"` breaks it with a chunk-size line that is not hex; `"terminator"` with a chunk
+    whose data is not followed by CRLF (its size announces fewer bytes than follow)."""
+
+    framing: Literal["size", "terminator"] = "size"
 
     def describe(self) -> str:
-        return "chunk corrupted"
+        return "chunk corrupted" if self.framing == "size" else "chunk terminator corrupted"
+
+    def breakage(self, data: bytes) -> bytes:
+        """The bytes sent in place of a chunk carrying `data`."""
+        half = data[: max(1, len(data) // 2)]
+        head = b"%x\r\n%s\r\n" % (len(half), half)
+        if self.framing == "size":
+            return head + _BAD_CHUNK_SIZE
+        return head + b"2\r\n" + _BAD_CHUNK_TERMINATOR
 
 
 @dataclass(frozen=True)
@@ -522,8 +537,7 @@ class HttpFaultProxy:
                     size_line = b"%x" % len(data)
             action = self._take(head, (BlackHole, CorruptChunk))
             if isinstance(action, CorruptChunk):
-                half = max(1, size // 2)
-                client.write(b"%x\r\n%s\r\n%s" % (half, data[:half], _BAD_CHUNK_SIZE))
+                client.write(action.breakage(data))
                 await client.drain()
             if action is not None:
                 self._record(head, f"response {action.describe()}")

@@ -161,10 +161,11 @@ class KubernetesAsyncioPodApi:
             )
             try:
                 await _raise_for_status(resp)
-                if on_head is None:
-                    body: bytes = await resp.read()
-                else:
-                    body = await _read_announcing_head(resp.content, on_head)
+                with _failing_when_cut_off(resp):
+                    if on_head is None:
+                        body: bytes = await resp.read()
+                    else:
+                        body = await _read_announcing_head(resp.content, on_head)
             finally:
                 resp.release()
         return body
@@ -236,11 +237,12 @@ class KubernetesAsyncioPodApi:
                 await _raise_for_status(resp)
                 lines = iter_line_batches(resp.content, idle_timeout=self._watch_idle_timeout)
                 listing = bool(options.get("send_initial_events"))
-                async with aclosing(lines):
-                    async for batch in lines:
-                        for event in decode_watch_read(batch, listing=listing):
-                            listing = listing and not event.initial_events_end
-                            yield event
+                with _failing_when_cut_off(resp):
+                    async with aclosing(lines):
+                        async for batch in lines:
+                            for event in decode_watch_read(batch, listing=listing):
+                                listing = listing and not event.initial_events_end
+                                yield event
             finally:
                 resp.close()
 
@@ -283,9 +285,56 @@ class _UndecodedPage:
 
 
 @contextmanager
+def _failing_when_cut_off(resp: Any) -> Iterator[None]:
+    """Fails the body of ``resp`` (``ClientPayloadError``) once its connection closes before the
+    body ended, unless aiohttp already failed it.
+
+    aiohttp's C parser (llhttp), on a chunked body whose framing breaks (a chunk-size line that is
+    not hex, chunk data not followed by CRLF), drops the body without handing its reader the error
+    and closes the connection (``_http_parser.pyx``, ``feed_data``); the sock_read deadline goes
+    with it, so the reader waits for bytes that never come. Its pure-Python parser fails the body
+    itself. The close is at once over plain TCP and after the TLS close_notify exchange over TLS:
+    at once from an apiserver, else when asyncio's ``ssl_shutdown_timeout`` (30 s) gives up. A read
+    that starts after the close and before this hook ran meets aiohttp's ``RuntimeError``
+    ("Connection closed."), read the same way.
+    """
+    from aiohttp import ClientPayloadError
+
+    content = resp.content
+    connection = resp.connection
+    protocol = None if connection is None else connection.protocol
+    closed = None if protocol is None else protocol.closed
+
+    def cut_off() -> ClientPayloadError:
+        broken = None if protocol is None else protocol.exception()
+        if broken is None:
+            return ClientPayloadError("the connection closed before the body ended")
+        return ClientPayloadError(f"{_malformed(broken)}: the HTTP client closed the connection")
+
+    def fail_unfinished(_: object = None) -> None:
+        if not content.is_eof() and content.exception() is None:
+            content.set_exception(cut_off())
+
+    if closed is None:
+        fail_unfinished()
+    else:
+        closed.add_done_callback(fail_unfinished)
+    try:
+        yield
+    except RuntimeError as err:
+        if protocol is None or protocol.is_connected() or content.is_eof():
+            raise
+        raise cut_off() from err
+    finally:
+        if closed is not None:
+            closed.remove_done_callback(fail_unfinished)
+
+
+@contextmanager
 def _translated(what: str) -> Iterator[None]:
     """aiohttp's and asyncio's transport exceptions as ``KubernetesConnectionError``."""
     import aiohttp
+    from aiohttp.http_exceptions import HttpProcessingError
 
     try:
         yield
@@ -296,10 +345,20 @@ def _translated(what: str) -> Iterator[None]:
         ) from err
     except aiohttp.ClientPayloadError as err:
         raise KubernetesConnectionError(f"{what} cut short: {err}") from err
+    except HttpProcessingError as err:  # the pure-Python parser's, on a malformed body
+        raise KubernetesConnectionError(f"{what} cut short: {_malformed(err)}") from err
     except TimeoutError as err:
         raise KubernetesConnectionError(f"{what} ended by its client deadline: {err}") from err
     except aiohttp.ClientError as err:
+        if isinstance(err.__cause__, HttpProcessingError):  # broken before the head was handed on
+            raise KubernetesConnectionError(f"{what} failed: {_malformed(err.__cause__)}") from err
         raise KubernetesConnectionError(f"{what} failed: {type(err).__name__}: {err}") from err
+
+
+def _malformed(err: Any) -> str:
+    """The parser's reason without the offending bytes it quotes on the lines after it."""
+    reason = str(getattr(err, "message", "") or "").split("\n", 1)[0].strip().rstrip(":")
+    return f"the HTTP response is malformed ({reason or type(err).__name__})"
 
 
 async def _raise_for_status(resp: Any) -> None:

@@ -589,6 +589,80 @@ async def test_broken_chunk_mid_watch_ends_within_the_idle_deadline(close: bool)
     assert failure.idle is not close
 
 
+def malformed_chunk(*frames: bytes, breakage: bytes) -> Handler:
+    """Writes ``frames`` as proper chunks, then half of one more as a proper chunk, then, in a
+    later write, ``breakage`` (bytes that are no chunked framing); then holds the socket open
+    and silent, as the HTTP fault proxy's ``CorruptChunk`` does."""
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        resp.content_type = "application/json"
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for data in frames:
+            await resp.write(data)
+        await resp.write(b'{"type":"ADDED","obj')
+        await asyncio.sleep(0.05)
+        transport = request.transport
+        assert transport is not None
+        transport.write(breakage)
+        await asyncio.sleep(3600.0)
+        return resp
+
+    return respond
+
+
+_MALFORMED = {
+    "chunk-size-not-hex": b"zz-not-a-chunk-size\r\n",
+    "chunk-data-past-its-size": b"2\r\n{}-and-more\r\n",
+}
+
+
+@pytest.fixture(params=["c", "python"], ids=["llhttp", "pure-python"])
+def response_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """aiohttp's response parser for the test: its C one (llhttp) or its pure-Python one, which
+    ``AIOHTTP_NO_EXTENSIONS`` selects (``client_proto`` reads the name when a request starts)."""
+    if request.param == "python":
+        from aiohttp import client_proto, http_parser
+
+        monkeypatch.setattr(client_proto, "HttpResponseParser", http_parser.HttpResponseParserPy)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("breakage", _MALFORMED.values(), ids=_MALFORMED.keys())
+async def test_a_malformed_chunk_ends_the_watch_at_once(
+    breakage: bytes, response_parser: str
+) -> None:
+    """Issue 26.2: llhttp drops a body whose chunked framing breaks without telling its reader,
+    which used to wait out the read-idle deadline (here 60 s). The watch now ends as aiohttp
+    closes the connection, with a ``KubernetesConnectionError`` naming the broken chunk (not
+    ``idle``), after the frames that arrived whole; the pure-Python parser's own error (which it
+    raises untranslated for a bad size line) reads the same."""
+    line = frame("ADDED", realistic_pod("a", resource_version="101"))
+    server = Apiserver(watches=[malformed_chunk(line, breakage=breakage)])
+    async with serving(server, watch_idle_timeout=60.0, watch_read_margin=60.0) as api:
+        events, failure = (await _ended(collect_until_failure(api, timeout_seconds=300))).result()
+    assert [e.resource_version for e in events] == ["101"]
+    assert isinstance(failure, KubernetesConnectionError)
+    assert "chunk" in str(failure).lower()
+    assert not failure.idle
+    assert not failure.refused
+
+
+@pytest.mark.parametrize("breakage", _MALFORMED.values(), ids=_MALFORMED.keys())
+async def test_a_malformed_chunk_fails_the_list_at_once(
+    breakage: bytes, response_parser: str
+) -> None:
+    """The same on a LIST, whose ``sock_read`` deadline (here 60 s) aiohttp drops with the body:
+    it used to wait for ever."""
+    server = Apiserver(lists=[malformed_chunk(breakage=breakage)])
+    async with serving(server, list_read_timeout=60.0) as api:
+        listing = await _ended(api.list_pods(namespace="ns", label_selector=""))
+    with pytest.raises(KubernetesConnectionError, match=r"(?i)chunk") as err:
+        listing.result()
+    assert not err.value.refused
+
+
 async def test_connection_closed_mid_frame_ends_the_stream_with_a_connection_error() -> None:
     """The frames before the cut stand; the cut itself is a ``KubernetesConnectionError`` (never
     an aiohttp exception), which the reflector reads as a broken connection and re-watches."""
