@@ -3,8 +3,13 @@
 (a) at most one candidate acting at any instant: a candidate acts from one `acting` line to the
 next while they are at most `max_gap` apart. A SIGSTOPped process executes nothing, so it cannot
 act while stopped, and its interval ends at its last line before the stop; what it does after
-SIGCONT is a new interval, judged against the Lease as it then stands. An overlap is charged to
-whichever candidate did not hold the Lease at the overlap's end. (b) the Lease changes holder only
+SIGCONT is a new interval, judged against the Lease as it then stands. What it cannot stop is a
+request already on the wire, which the apiserver may apply while it is stopped: within a round
+trip, long before its lease can run out, unless the network holds it (the cut drops held bytes, so
+no stale request lands late here; only a fencing token checked where the work lands would guard
+against that, and neither elector has one). A line's `t` is read just after the candidate's check
+that it leads, so a stop between the two (microseconds) would show as acting past the check. An
+overlap is charged to whichever candidate did not hold the Lease at the overlap's end. (b) the Lease changes holder only
 through expiry or a release: a takeover of a record whose lease had not run out (timed, as the
 standbys time it, from when it was seen) is early. (c) each takeover after a fault on the holder,
 timed from the fault (the holder goes silent) or, for SIGTERM, from the release.

@@ -145,7 +145,8 @@ class LeaderInterop:
         await self._stack.aclose()
 
     async def run(self) -> InteropRun:
-        """Injects faults until the duration has passed, then stops every candidate."""
+        """Injects faults until the duration has passed, waits for the last takeover, then stops
+        every candidate."""
         assert self._watch is not None
         started = time.time()
         deadline = started + self._config.duration
@@ -155,6 +156,8 @@ class LeaderInterop:
             if holder is None:
                 continue
             await asyncio.sleep(self._rng.uniform(1.0, 2.0) * self._config.timing.retry_period)
+            if time.time() >= deadline:
+                break
             kind = self._config.kinds[count % len(self._config.kinds)]
             count += 1
             target = holder
@@ -162,6 +165,7 @@ class LeaderInterop:
                 target = self._rng.choice([s for s in self._slots if s is not holder])
             is_holder = self._watch.holder == target.identity
             self._faults.append(await self._inject(kind, target, holder=is_holder))
+        await self._leader()
         until = time.time()
         await self._stop_all()
         return InteropRun(
