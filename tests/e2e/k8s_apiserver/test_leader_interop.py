@@ -16,7 +16,7 @@ import pytest
 
 from miles.utils.k8s_testenv import EnvSettings, PrerequisiteError
 from miles.utils.k8s_testenv.binaries import ensure_tool_binary
-from miles.utils.k8s_testenv.testing.leader_interop.analysis import analyse
+from miles.utils.k8s_testenv.testing.leader_interop.analysis import ACTING_MAX_GAP, analyse
 from miles.utils.k8s_testenv.testing.leader_interop.candidates import ours_available
 from miles.utils.k8s_testenv.testing.leader_interop.harness import (
     FAULT_KINDS,
@@ -74,6 +74,10 @@ def test_at_most_one_leader_acts_and_takeovers_keep_their_bounds(
     assert report.failures("ours") == [], summary
     assert report.early == (), summary
     assert all(t.latency <= t.bound for t in report.takeovers), summary
+    for acted in report.acted_on:
+        if side_of(acted.target) == "ours":
+            limit = TIMING.renew_deadline + ACTING_MAX_GAP if acted.fault == "cut" else 0.0
+            assert acted.seconds <= limit, summary
     # client-go does not fence: a candidate acts on after a SIGSTOP (a fresh RenewDeadline once it
     # resumes) or a cut (RenewDeadline, then release()'s own, before Run cancels the context).
     for overlap in report.overlaps:

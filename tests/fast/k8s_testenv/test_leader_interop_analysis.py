@@ -148,3 +148,21 @@ def test_the_bounds_follow_client_gos_defaults() -> None:
         "--renew-deadline=3",
         "--retry-period=1",
     ]
+
+
+def test_how_long_a_cut_or_resumed_holder_acted_on_is_measured() -> None:
+    records = [lease(0.0, "go-0-0"), lease(20.0, "ours-1-0"), lease(45.0, "go-2-0")]
+    lines = acting("go-0-0", 0.1, 12.0) + acting("ours-1-0", 20.1, 30.0)
+    lines += acting("ours-1-0", 51.0, 55.0)
+    faults = [
+        FaultRecord("cut", "go-0-0", True, 2.0, 28.0),
+        FaultRecord("stop", "ours-1-0", True, 30.05, 51.0),
+    ]
+    report = analyse(lines, records, faults, TIMING, until=70.0)
+    assert [(a.fault, a.target, round(a.seconds, 1)) for a in report.acted_on] == [
+        ("cut", "go-0-0", 10.0),
+        ("stop", "ours-1-0", 4.0),
+    ]
+    assert report.failures("ours") == []
+    assert report.unheld[0].side == "ours"
+    assert report.unheld[0].lines == 41

@@ -9,10 +9,13 @@ trip, long before its lease can run out, unless the network holds it (the cut dr
 no stale request lands late here; only a fencing token checked where the work lands would guard
 against that, and neither elector has one). A line's `t` is read just after the candidate's check
 that it leads, so a stop between the two (microseconds) would show as acting past the check. An
-overlap is charged to whichever candidate did not hold the Lease at the overlap's end. (b) the Lease changes holder only
-through expiry or a release: a takeover of a record whose lease had not run out (timed, as the
-standbys time it, from when it was seen) is early. (c) each takeover after a fault on the holder,
-timed from the fault (the holder goes silent) or, for SIGTERM, from the release.
+overlap is charged to whichever candidate did not hold the Lease at the overlap's end.
+
+(b) the Lease changes holder only through expiry or a release: a takeover of a record whose lease
+had not run out (timed, as the standbys time it, from when it was seen) is early.
+
+(c) each takeover after a fault on the holder, timed from the fault (the holder goes silent) or,
+for SIGTERM, from the release. `acted_on` measures how long a faulted holder acted on.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class InteropReport:
     takeovers: tuple[Takeover, ...]
     missing: tuple[FaultRecord, ...]
     unprovoked: tuple[Transition, ...]
+    acted_on: tuple[ActedOn, ...] = ()
 
     def failures(self, side: Side) -> list[str]:
         """What breaks the properties and is `side`'s doing."""
@@ -247,6 +251,43 @@ def takeovers(
     return found, missing
 
 
+@dataclass(frozen=True)
+class ActedOn:
+    """How long a faulted holder acted on: after a cut, from the cut to its last acting line;
+    after SIGCONT, while the Lease named another holder (an interval that starts after the stop
+    began starts after SIGCONT: the first line may come before the harness has noted the time)."""
+
+    fault: FaultKind
+    target: str
+    seconds: float
+
+
+def acted_on(
+    faults: Iterable[FaultRecord],
+    intervals: Sequence[Interval],
+    records: Sequence[LeaseRecord],
+) -> list[ActedOn]:
+    found = []
+    for fault in faults:
+        mine = [i for i in intervals if i.id == fault.target]
+        if not fault.holder or not mine:
+            continue
+        if fault.kind == "cut":
+            cut = [i for i in mine if i.start <= fault.start <= i.end + ACTING_MAX_GAP]
+            seconds = max((i.end - fault.start for i in cut), default=0.0)
+            found.append(ActedOn("cut", fault.target, max(seconds, 0.0)))
+        elif fault.kind == "stop":
+            resumed = [
+                i
+                for i in mine
+                if fault.start < i.start <= fault.end + ACTING_MAX_GAP
+                and holder_at(records, i.start) != fault.target
+            ]
+            seconds = max((i.end - i.start for i in resumed), default=0.0)
+            found.append(ActedOn("stop", fault.target, seconds))
+    return found
+
+
 def analyse(
     lines: Sequence[CandidateLine],
     records: Sequence[LeaseRecord],
@@ -269,6 +310,7 @@ def analyse(
         takeovers=tuple(found),
         missing=tuple(missing),
         unprovoked=tuple(c for c in changes if (c.new, c.taken) not in explained),
+        acted_on=tuple(acted_on(faults, intervals, records)),
     )
 
 

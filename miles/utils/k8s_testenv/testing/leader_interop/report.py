@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 
 from miles.utils.k8s_testenv.testing.leader_interop.analysis import (
@@ -37,6 +38,19 @@ def render(run: InteropRun, report: InteropReport) -> str:
             + f"; acting lines while the Lease named another holder or none: {held.lines}"
             + (f" (longest stretch {held.longest:.3f} s)" if held.lines else "")
         )
+    for side in SIDES:
+        for kind, what in (
+            ("cut", "after a cut"),
+            ("stop", "after SIGCONT, beside the new holder"),
+        ):
+            found = [
+                a.seconds for a in report.acted_on if a.fault == kind and side_of(a.target) == side
+            ]
+            if found:
+                lines.append(
+                    f"    {side} acted on {what}: max {max(found):.2f} s, "
+                    f"median {statistics.median(found):.2f} s ({len(found)} faults)"
+                )
     lines.append(
         f"(b) holder changes: {len(changes)}; early (before the old lease ran out): "
         f"{len(report.early)}"
