@@ -35,7 +35,7 @@ from typing import Any
 from bench.soak_sampler import glibc, heap_mib, pymalloc_mib, rss_mib, status_mib, two_term_fit
 from miles.utils.k8s_testenv.testing.k8s_fakes import realistic_pod
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
-from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 
@@ -54,20 +54,10 @@ class SteadyApi:
         self.frames: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        return await self.list_pod_page(
-            namespace=namespace, label_selector=label_selector, limit=None
-        )
+        return await self.list_pod_page(ListOptions(namespace, label_selector))
 
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        if resource_version is not None:
+    async def list_pod_page(self, options: ListOptions) -> PodListPage:
+        if options.resource_version is not None:
             return PodListPage((), str(self.revision))
         body = {
             "kind": "PodList",

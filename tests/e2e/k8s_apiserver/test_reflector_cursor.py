@@ -21,7 +21,7 @@ from miles.utils.k8s_testenv import ApiClientFactory, ApiServerName, LocalContro
 from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
-from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 from tests.e2e.k8s_apiserver.harness import (
     FUTURE_OFFSET,
     SELECTOR,
@@ -221,27 +221,11 @@ class _ListFromBeforeARollback:
         self._rolled_back = False
 
     async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        return await self.list_pod_page(
-            namespace=namespace, label_selector=label_selector, limit=None
-        )
+        return await self.list_pod_page(ListOptions(namespace, label_selector))
 
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        page = await self._inner.list_pod_page(
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            limit=limit,
-            continue_token=continue_token,
-        )
-        if self._rolled_back or resource_version is not None:
+    async def list_pod_page(self, options: ListOptions) -> PodListPage:
+        page = await self._inner.list_pod_page(options)
+        if self._rolled_back or options.resource_version is not None:
             return page
         self._rolled_back = True
         forged = str(int(page.resource_version) + FUTURE_OFFSET)

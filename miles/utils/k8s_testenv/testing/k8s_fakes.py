@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from miles.utils.workers.reconcile.k8s_types import Pod
-from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 
 PARENT_LABEL = "miles.io/cell"
 GATE = "miles.io/paired"
@@ -401,28 +401,22 @@ class FakePodApi(ContractPodApi):
     page_calls: list[PageCall] = field(default_factory=list)
 
     async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        return await self.list_pod_page(
-            namespace=namespace, label_selector=label_selector, limit=None
-        )
+        return await self.list_pod_page(ListOptions(namespace, label_selector))
 
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        if resource_version is None:
-            if continue_token is None:
-                self.list_calls.append((namespace, label_selector))
-            self.page_calls.append(PageCall(limit, continue_token))
+    async def list_pod_page(self, options: ListOptions) -> PodListPage:
+        if options.resource_version is None:
+            if options.continue_token is None:
+                self.list_calls.append((options.namespace, options.label_selector))
+            self.page_calls.append(PageCall(options.limit, options.continue_token))
             return await _pop(self.lists)
-        assert continue_token is None, "a continuation never carries a resourceVersion"
-        self.probe_calls.append(ProbeCall(namespace, label_selector, resource_version, limit))
+        assert options.continue_token is None, "a continuation never carries a resourceVersion"
+        self.probe_calls.append(
+            ProbeCall(
+                options.namespace, options.label_selector, options.resource_version, options.limit
+            )
+        )
         if not self.probes:
-            return PodListPage((), resource_version)
+            return PodListPage((), options.resource_version)
         return await _pop(self.probes)
 
 

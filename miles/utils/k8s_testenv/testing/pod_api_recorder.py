@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, PagedPodApi
-from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 
 T = TypeVar("T")
 LogEntry = PodListPage | PodWatchEvent
@@ -94,30 +94,15 @@ class RecordingPodApi:
         return cls(KubernetesAsyncioPodApi(core_v1_api=core_v1_api))
 
     async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
-        return await self.list_pod_page(
-            namespace=namespace, label_selector=label_selector, limit=None
-        )
+        return await self.list_pod_page(ListOptions(namespace, label_selector))
 
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        if resource_version is not None:
-            return await self._probe(namespace, label_selector, resource_version, limit)
-        if continue_token is None:
+    async def list_pod_page(self, options: ListOptions) -> PodListPage:
+        if options.resource_version is not None:
+            return await self._probe(options, options.resource_version)
+        if options.continue_token is None:
             self.list_attempts += 1
             self._pending = []
-        page = await self._inner.list_pod_page(
-            namespace=namespace,
-            label_selector=label_selector,
-            limit=limit,
-            continue_token=continue_token,
-        )
+        page = await self._inner.list_pod_page(options)
         self.pages.append(page)
         self._pending.append(page)
         if page.continue_token is None:
@@ -129,18 +114,11 @@ class RecordingPodApi:
             self.log.append(joined)
         return page
 
-    async def _probe(
-        self, namespace: str, label_selector: str, resource_version: str, limit: int | None
-    ) -> PodListPage:
-        call = ProbeCall(resource_version, limit, opened_at=time.monotonic())
+    async def _probe(self, options: ListOptions, resource_version: str) -> PodListPage:
+        call = ProbeCall(resource_version, options.limit, opened_at=time.monotonic())
         self.probes.append(call)
         try:
-            call.page = await self._inner.list_pod_page(
-                namespace=namespace,
-                label_selector=label_selector,
-                resource_version=resource_version,
-                limit=limit,
-            )
+            call.page = await self._inner.list_pod_page(options)
         except BaseException as err:
             call.failure = err
             raise

@@ -34,7 +34,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
 )
 from miles.utils.workers.reconcile.k8s_framing import iter_line_batches
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, UndecodedPodPage
-from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_wire import (
     decode_pod_list,
     decode_status,
@@ -99,43 +99,21 @@ class KubernetesAsyncioPodApi:
         limit: int | None = None,
         continue_token: str | None = None,
     ) -> PodListPage:
-        """A consistent LIST by default; the other arguments are ``list_pod_page``'s."""
-        body = await self._read_list(
-            namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            limit=limit,
-            continue_token=continue_token,
+        """A consistent LIST by default; the other arguments are ``ListOptions``'s."""
+        return await self.list_pod_page(
+            ListOptions(namespace, label_selector, limit, continue_token, resource_version)
         )
-        return _UndecodedPage(body).decode()
+
+    async def list_pod_page(self, options: ListOptions) -> PodListPage:
+        return _UndecodedPage(await self._read_list(options)).decode()
 
     async def read_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int,
-        continue_token: str | None = None,
-        on_head: Callable[[str | None], object] | None = None,
+        self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
     ) -> UndecodedPodPage:
-        body = await self._read_list(
-            namespace,
-            label_selector=label_selector,
-            limit=limit,
-            continue_token=continue_token,
-            on_head=on_head,
-        )
-        return _UndecodedPage(body)
+        return _UndecodedPage(await self._read_list(options, on_head))
 
     async def _read_list(
-        self,
-        namespace: str,
-        *,
-        label_selector: str,
-        resource_version: str | None = None,
-        limit: int | None = None,
-        continue_token: str | None = None,
-        on_head: Callable[[str | None], object] | None = None,
+        self, options: ListOptions, on_head: Callable[[str | None], object] | None = None
     ) -> bytes:
         import aiohttp
 
@@ -144,20 +122,13 @@ class KubernetesAsyncioPodApi:
             sock_connect=self._connect_timeout,
             sock_read=self._list_read_timeout,
         )
-        options: dict[str, Any] = {}
-        if resource_version is not None:
-            options.update(resource_version=resource_version, resource_version_match="NotOlderThan")
-        if limit is not None:
-            options.update(limit=limit)
-        if continue_token is not None:
-            options.update(_continue=continue_token)
         with _translated("pod LIST"):
             resp = await self._core.list_namespaced_pod(
-                namespace,
-                label_selector=label_selector,
+                options.namespace,
+                label_selector=options.label_selector,
                 _preload_content=False,
                 _request_timeout=timeout,
-                **options,
+                **_list_query(options),
             )
             try:
                 await _raise_for_status(resp)
@@ -169,23 +140,6 @@ class KubernetesAsyncioPodApi:
             finally:
                 resp.release()
         return body
-
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        return await self.list_pods(
-            namespace=namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            limit=limit,
-            continue_token=continue_token,
-        )
 
     def stream_pods(
         self,
@@ -245,6 +199,20 @@ class KubernetesAsyncioPodApi:
                                 yield event
             finally:
                 resp.close()
+
+
+def _list_query(options: ListOptions) -> dict[str, Any]:
+    """``list_namespaced_pod``'s keyword arguments for what ``options`` sets."""
+    query: dict[str, Any] = {}
+    if options.resource_version is not None:
+        query.update(
+            resource_version=options.resource_version, resource_version_match="NotOlderThan"
+        )
+    if options.limit is not None:
+        query.update(limit=options.limit)
+    if options.continue_token is not None:
+        query.update(_continue=options.continue_token)
+    return query
 
 
 async def _read_announcing_head(content: Any, on_head: Callable[[str | None], object]) -> bytes:

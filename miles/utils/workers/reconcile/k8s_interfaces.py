@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol, runtime_checkable
 
-from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 
 
 class KubernetesPodApi(Protocol):
@@ -40,23 +40,10 @@ class KubernetesPodApi(Protocol):
 
 @runtime_checkable
 class PagedPodApi(Protocol):
-    """Optional capability: one page of a LIST. Go: ``ListOptions`` ``Limit``, ``Continue``,
-    ``ResourceVersion`` with ``ResourceVersionMatch=NotOlderThan``."""
+    """Optional capability: one page of a LIST, as ``options`` asks (see ``ListOptions``): pages
+    and the cursor probe. Go: ``PodInterface.List(ctx, opts)``."""
 
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        """At most ``limit`` pods (all if ``None``); ``continue_token`` asks for the page after the
-        one that returned it (410 once expired, never combined with ``resource_version``). With
-        ``resource_version``, a LIST not older than it, which a server rejects (410, 504) when the
-        version is outside its history: the reflector's cursor probe."""
-        ...
+    async def list_pod_page(self, options: ListOptions) -> PodListPage: ...
 
 
 class UndecodedPodPage(Protocol):
@@ -76,15 +63,9 @@ class PrefetchPagedPodApi(Protocol):
     a pager can request the next page while this one decodes."""
 
     async def read_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int,
-        continue_token: str | None = None,
-        on_head: Callable[[str | None], object] | None = None,
+        self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
     ) -> UndecodedPodPage:
-        """As ``list_pod_page`` without a ``resource_version``, but the body is not decoded yet.
+        """As ``list_pod_page``, but the body is not decoded yet.
         ``on_head`` is called once the first bytes of the body are in, before the rest is read,
         with the continue token read from them (``None`` when they do not give one); not at all
         when the read fails before that."""

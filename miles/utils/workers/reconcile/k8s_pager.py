@@ -28,7 +28,7 @@ import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -40,7 +40,7 @@ from miles.utils.workers.reconcile.k8s_interfaces import (
     PrefetchPagedPodApi,
     UndecodedPodPage,
 )
-from miles.utils.workers.reconcile.k8s_values import PodListPage
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage
 
 LIST_PAGE_SIZE = 500
 """Pods per LIST page, client-go's ``pager.defaultPageSize``."""
@@ -57,17 +57,17 @@ class _ContinueExpired(Exception):
 
 async def list_in_pages(
     api: PagedPodApi,
+    options: ListOptions,
     *,
-    namespace: str,
-    label_selector: str,
     log: logging.Logger | logging.LoggerAdapter[Any],
     page_size: int = LIST_PAGE_SIZE,
 ) -> PodListPage:
-    """Every pod of one consistent LIST as one page; raises what the LIST raised otherwise."""
+    """Every pod of one consistent LIST as one page; raises what the LIST raised otherwise.
+    ``options`` without a ``limit`` is paged by ``page_size``, as Go's pager sets ``PageSize``."""
+    if options.limit is None:
+        options = replace(options, limit=page_size)
     with COLLECTOR.held():
-        page = await _list(
-            api, namespace=namespace, label_selector=label_selector, log=log, page_size=page_size
-        )
+        page = await _list(api, options, log=log)
         _age_without_a_walk()
     trim_free_heap()
     return page
@@ -86,22 +86,13 @@ def _age_without_a_walk() -> None:
 
 
 async def _list(
-    api: PagedPodApi,
-    *,
-    namespace: str,
-    label_selector: str,
-    log: logging.Logger | logging.LoggerAdapter[Any],
-    page_size: int,
+    api: PagedPodApi, options: ListOptions, *, log: logging.Logger | logging.LoggerAdapter[Any]
 ) -> PodListPage:
     for attempt in range(1, PAGED_ATTEMPTS + 1):
         try:
             if isinstance(api, PrefetchPagedPodApi):
-                return await _prefetched(
-                    api, namespace=namespace, label_selector=label_selector, page_size=page_size
-                )
-            return await _paged(
-                api, namespace=namespace, label_selector=label_selector, page_size=page_size
-            )
+                return await _prefetched(api, options)
+            return await _paged(api, options)
         except _ContinueExpired as expired:
             log.warning(
                 "pod LIST continue token expired after %d pods (%s), %s",
@@ -111,43 +102,25 @@ async def _list(
                 if attempt < PAGED_ATTEMPTS
                 else "falling back to one unpaged LIST",
             )
-    return await api.list_pod_page(namespace=namespace, label_selector=label_selector, limit=None)
+    return await api.list_pod_page(replace(options, limit=None))
 
 
-async def _paged(
-    api: PagedPodApi, *, namespace: str, label_selector: str, page_size: int
-) -> PodListPage:
+async def _paged(api: PagedPodApi, options: ListOptions) -> PodListPage:
     pods: list[Any] = []
-    page = await api.list_pod_page(
-        namespace=namespace, label_selector=label_selector, limit=page_size
-    )
+    page = await api.list_pod_page(options)
     while True:
         pods.extend(page.pods)
         if not page.continue_token:
             return PodListPage(tuple(pods), page.resource_version)
         with _continuation(len(pods)):
-            page = await api.list_pod_page(
-                namespace=namespace,
-                label_selector=label_selector,
-                limit=page_size,
-                continue_token=page.continue_token,
-            )
+            page = await api.list_pod_page(options.continued(page.continue_token))
 
 
-async def _prefetched(
-    api: PrefetchPagedPodApi, *, namespace: str, label_selector: str, page_size: int
-) -> PodListPage:
+async def _prefetched(api: PrefetchPagedPodApi, options: ListOptions) -> PodListPage:
     def read(token: str | None) -> _Read:
         head: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            api.read_pod_page(
-                namespace=namespace,
-                label_selector=label_selector,
-                limit=page_size,
-                continue_token=token,
-                on_head=partial(_resolve, head),
-            )
-        )
+        asked = options if token is None else options.continued(token)
+        task = asyncio.create_task(api.read_pod_page(asked, on_head=partial(_resolve, head)))
         return _Read(token, task, head)
 
     pods: list[Any] = []

@@ -70,7 +70,7 @@ from miles.utils.workers.reconcile.k8s_interfaces import (
 )
 from miles.utils.workers.reconcile.k8s_pager import LIST_PAGE_SIZE, list_in_pages
 from miles.utils.workers.reconcile.k8s_types import Pod
-from miles.utils.workers.reconcile.k8s_values import PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodWatchEvent
 from miles.utils.workers.reconcile.log import NamedLogger, default_loop_name
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
@@ -504,10 +504,7 @@ class KubernetesReflector:
         try:
             if self._paged is not None:
                 page = await list_in_pages(
-                    self._paged,
-                    namespace=self._namespace,
-                    label_selector=self._label_selector,
-                    log=self._log,
+                    self._paged, ListOptions(self._namespace, self._label_selector), log=self._log
                 )
             else:
                 page = await self._api.list_pods(
@@ -563,10 +560,12 @@ class KubernetesReflector:
         assert self._paged is not None
         try:
             await self._paged.list_pod_page(
-                namespace=self._namespace,
-                label_selector=self._label_selector,
-                limit=PROBE_LIMIT,
-                resource_version=cursor,
+                ListOptions(
+                    self._namespace,
+                    self._label_selector,
+                    limit=PROBE_LIMIT,
+                    resource_version=cursor,
+                )
             )
         except Exception as err:
             yield _Failed(err, cursor)

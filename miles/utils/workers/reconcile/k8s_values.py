@@ -1,5 +1,5 @@
-"""What a pod API answers: a LIST page and a watch event, as frozen values.
-Go: core/v1 ``PodList`` and apimachinery ``watch.Event``.
+"""What a pod LIST asks for and what a pod API answers, as frozen values.
+Go: metav1 ``ListOptions``, core/v1 ``PodList`` and apimachinery ``watch.Event``.
 
 ``PodWatchEvent.from_frame`` builds an event from a frame someone else has parsed already (a
 ``kubernetes_asyncio`` ``Watch`` frame, say); ``k8s_wire`` builds them from the bytes.
@@ -7,7 +7,7 @@ Go: core/v1 ``PodList`` and apimachinery ``watch.Event``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,6 +23,29 @@ POD_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 """Set to ``"true"`` on the bookmark that ends a streaming list's initial events
 (metav1 ``InitialEventsAnnotationKey``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListOptions:
+    """One LIST page's request. Go: metav1 ``ListOptions`` (``LabelSelector``, ``Limit``,
+    ``Continue``, ``ResourceVersion`` with ``ResourceVersionMatch=NotOlderThan``), plus the
+    namespace, which Go's typed client is bound to (``Pods(namespace)``) and ours is not.
+
+    At most ``limit`` pods (all if ``None``); ``continue_token`` asks for the page after the one
+    that returned it (410 once expired, never combined with ``resource_version``). With
+    ``resource_version``, a LIST not older than it, which a server rejects (410, 504) when the
+    version is outside its history: the reflector's cursor probe. Without it, a consistent LIST.
+    """
+
+    namespace: str
+    label_selector: str = ""
+    limit: int | None = None
+    continue_token: str | None = None
+    resource_version: str | None = None
+
+    def continued(self, continue_token: str) -> ListOptions:
+        """The request for the page after the one that returned ``continue_token``."""
+        return replace(self, continue_token=continue_token)
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import (
     INITIAL_EVENTS_END_ANNOTATION,
+    ListOptions,
     PodListPage,
     PodWatchEvent,
 )
@@ -220,9 +221,7 @@ async def test_a_page_read_announces_its_continue_token_before_the_rest_of_its_b
         rest_may_go.set()
 
     async with serving(Apiserver(lists=[respond])) as api:
-        undecoded = await api.read_pod_page(
-            namespace="ns", label_selector="", limit=500, on_head=on_head
-        )
+        undecoded = await api.read_pod_page(ListOptions("ns", limit=500), on_head=on_head)
     page = undecoded.decode()
     assert heads == ["tok/2"]
     assert undecoded.continue_hint == "tok/2"

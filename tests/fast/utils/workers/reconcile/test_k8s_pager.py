@@ -19,7 +19,7 @@ from miles.utils.workers.reconcile.gc_pause import COLLECTOR
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError, KubernetesApiError
 from miles.utils.workers.reconcile.k8s_interfaces import PrefetchPagedPodApi
 from miles.utils.workers.reconcile.k8s_pager import list_in_pages
-from miles.utils.workers.reconcile.k8s_values import PodListPage
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage
 from miles.utils.workers.reconcile.k8s_wire import peek_continue_token
 
 LOG = logging.getLogger("test_k8s_pager")
@@ -73,32 +73,13 @@ class PrefetchApi:
     collector_on_in_reads: list[bool] = field(default_factory=list)
     read_started: asyncio.Event = field(default_factory=asyncio.Event)
 
-    async def list_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int | None,
-        continue_token: str | None = None,
-        resource_version: str | None = None,
-    ) -> PodListPage:
-        undecoded = await self.read_pod_page(
-            namespace=namespace,
-            label_selector=label_selector,
-            limit=limit or 0,
-            continue_token=continue_token,
-        )
-        return undecoded.decode()
+    async def list_pod_page(self, options: ListOptions) -> PodListPage:
+        return (await self.read_pod_page(options)).decode()
 
     async def read_pod_page(
-        self,
-        *,
-        namespace: str,
-        label_selector: str,
-        limit: int,
-        continue_token: str | None = None,
-        on_head: Callable[[str | None], object] | None = None,
+        self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
     ) -> Undecoded:
+        continue_token = options.continue_token
         read = Read(continue_token)
         self.reads.append(read)
         self.read_started.set()
@@ -139,7 +120,7 @@ def pages(count: int, per_page: int = 2) -> dict[str | None, list[PodListPage | 
 
 
 async def listed(api: PrefetchApi) -> PodListPage:
-    return await list_in_pages(api, namespace="ns", label_selector="", log=LOG)
+    return await list_in_pages(api, ListOptions("ns"), log=LOG)
 
 
 def names(page: PodListPage) -> list[str]:
