@@ -3,7 +3,7 @@
 Run from the repository root: ``.venv/bin/python -m bench.decode [--pods 200] [--rounds 15]``.
 It measures the realistic pod, and the same pod with an init container, which carries every field
 ``k8s_types`` reads; then ours against itself with the pod's ``managedFields`` left in (what
-``k8s_wire.without_managed_fields`` cuts out before validating; the fake pod's are 19% of its
+``managed_fields.without_managed_fields`` cuts out before validating; the fake pod's are 19% of its
 bytes, an apiserver's 44-45%); then ``k8s_types.PodList`` over one document of ``--list-pods``
 pods (10,000), as an apiserver's LIST body and as ``kubectl get pods -o json`` prints it, against
 the same pods decoded as a LIST is today, ``k8s_wire.decode_pod_list`` page after page of 500.
@@ -27,6 +27,10 @@ from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
 from miles.utils.workers.reconcile.k8s_types import Pod, PodList
 from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
+from miles.utils.workers.reconcile.managed_fields import (
+    validated_without_managed_fields,
+    without_managed_fields,
+)
 
 Timed = tuple[Callable[[], object], int]
 
@@ -94,7 +98,7 @@ def measure_cut(pods: int, rounds: int) -> list[tuple[str, float, float]]:
 
     validate_frame = k8s_wire._FRAME.validate_json
     frame_us = best_us(
-        (lambda: k8s_wire._validated(validate_frame, line, most=1), 500),
+        (lambda: validated_without_managed_fields(validate_frame, line, most=1), 500),
         (lambda: validate_frame(line), 500),
         rounds,
     )
@@ -150,7 +154,7 @@ def main() -> None:
     print(
         f"\nthe same pod, ours against ours with managedFields left in ({len(one)} bytes of JSON,"
     )
-    print(f"{len(k8s_wire.without_managed_fields(one))} without them)")
+    print(f"{len(without_managed_fields(one))} without them)")
     print(f"{'path':<28} {'ours µs':>10} {'managedFields in µs':>22} {'ratio':>7}")
     for name, ours, whole in measure_cut(args.pods, args.rounds):
         print(f"{name:<28} {ours:>10.1f} {whole:>22.1f} {whole / ours:>6.2f}x")

@@ -34,10 +34,10 @@ class FrameDecodeError(ValueError):
     """A LIST body, list item or watch line that cannot be read as what it claims to be.
 
     ``reason`` says why, without the offending bytes. ``name``, ``resource_version`` and
-    ``event_type`` are read from the frame when its envelope allows. A watch frame whose
-    ``resource_version`` is set was a well-formed pod frame (type ADDED/MODIFIED/DELETED, in
-    ``event_type``, and a readable ``metadata.resourceVersion``) whose pod does not validate, so a
-    watcher can move its cursor past it; a frame without one is unreadable.
+    ``event_type`` are read from the frame when its envelope allows: a well-formed pod frame (type
+    ADDED/MODIFIED/DELETED, in ``event_type``, and a readable ``metadata.resourceVersion``) whose
+    pod does not validate has both; a frame whose envelope cannot be read has neither. Either
+    way the frame is unreadable: a watcher ends the watch and relists.
     """
 
     def __init__(
@@ -147,17 +147,6 @@ def exception_summary(err: BaseException) -> str:
     """The exception's type and text on one line (``ApiException``'s text spans several)."""
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-def validation_summary(err: ValidationError, *, skip: int = 0, limit: int = 3) -> str:
-    """A ``ValidationError``'s first ``limit`` errors on one line, each location without its first
-    ``skip`` parts and without the input (a pod's bytes do not belong in a log line)."""
-    parts = [
-        ": ".join(filter(None, (".".join(str(p) for p in e["loc"][skip:]), e["msg"])))
-        for e in err.errors(include_url=False, include_input=False)[:limit]
-    ]
-    more = err.error_count() - limit
-    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
 
 
 def _int_attributes(exc: BaseException, *names: str) -> list[int]:

@@ -41,6 +41,7 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
+from miles.utils.workers.reconcile.managed_fields import validated_without_managed_fields
 
 logger = logging.getLogger(__name__)
 
@@ -396,13 +397,13 @@ def _why_unreadable(model: type[BaseModel], value: Any) -> str:
     try:
         model.model_validate(value)
     except ValidationError as err:
-        return error_summary(err)
+        return validation_summary(err)
     return "unreadable"
 
 
-def error_summary(err: ValidationError, *, skip: int = 0, limit: int = 3) -> str:
-    """The first ``limit`` errors as ``loc: message``, without the input, each ``loc`` less its
-    first ``skip`` parts."""
+def validation_summary(err: ValidationError, *, skip: int = 0, limit: int = 3) -> str:
+    """A ``ValidationError``'s first ``limit`` errors on one line, each location without its first
+    ``skip`` parts and without the input (a pod's bytes do not belong in a log line)."""
     parts = [
         ": ".join(filter(None, (".".join(str(p) for p in e["loc"][skip:]), e["msg"])))
         for e in err.errors(include_url=False, include_input=False)[:limit]
@@ -459,8 +460,15 @@ class _ObjectList(_View):
 
     @classmethod
     def model_validate_json(cls, json_data: str | bytes | bytearray, **kwargs: Any) -> Self:
+        """Bytes are validated without their pods' ``managedFields`` (``managed_fields``), as
+        the LIST decoder validates a page."""
+        validate = super().model_validate_json
         with COLLECTOR.held():
-            return super().model_validate_json(json_data, **kwargs)
+            if isinstance(json_data, bytes):
+                return validated_without_managed_fields(
+                    lambda data: validate(data, **kwargs), json_data
+                )
+            return validate(json_data, **kwargs)
 
 
 def _sort_out(

@@ -12,12 +12,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from miles.utils.workers.reconcile.k8s_errors import (
-    FrameDecodeError,
-    status_rejects_cursor,
-    validation_summary,
-)
-from miles.utils.workers.reconcile.k8s_types import Pod, WatchFrame
+from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError, status_rejects_cursor
+from miles.utils.workers.reconcile.k8s_types import Pod, WatchFrame, validation_summary
 
 POD_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"

@@ -19,19 +19,25 @@ across a whole paged LIST.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
-from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError, validation_summary
-from miles.utils.workers.reconcile.k8s_types import FrameMetadata, Pod, WatchFrame
+from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
+from miles.utils.workers.reconcile.k8s_types import (
+    FrameMetadata,
+    Pod,
+    WatchFrame,
+    validation_summary,
+)
 from miles.utils.workers.reconcile.k8s_values import (
     POD_EVENT_TYPES,
     PodListPage,
     PodWatchEvent,
 )
+from miles.utils.workers.reconcile.managed_fields import validated_without_managed_fields
 
 
 class _Envelope(BaseModel):
@@ -87,58 +93,10 @@ def decode_pod_list(body: bytes) -> tuple[PodListPage, list[FrameDecodeError]]:
     """A LIST body as a page, plus one error per item that is not a valid pod (left out)."""
     with COLLECTOR.held():
         try:
-            page = _validated(_PodList.model_validate_json, body)
+            page = validated_without_managed_fields(_PodList.model_validate_json, body)
         except ValidationError:
             return _decode_pod_list_item_by_item(body)
     return _page(page.items, page.metadata), []
-
-
-_MANAGED_FIELDS = b',"managedFields":['
-_Validated = TypeVar("_Validated")
-
-
-def _validated(
-    validate: Callable[[bytes], _Validated], data: bytes, *, most: int | None = None
-) -> _Validated:
-    """``validate`` over ``data`` without its managed fields, or, when that fails, as it came."""
-    cut = without_managed_fields(data, most=most)
-    if cut is not data:
-        try:
-            return validate(cut)
-        except ValidationError:
-            pass
-    return validate(data)
-
-
-def without_managed_fields(data: bytes, *, most: int | None = None) -> bytes:
-    """A pod's, a watch frame's or a LIST body's JSON without each pod's ``metadata.managedFields``,
-    which no model reads; data without them is returned as it is. They are 44-45% of a pod's bytes
-    as an apiserver writes them, and pydantic-core would parse them in full only to drop them
-    (controller-runtime drops them after decoding, ``TransformStripManagedFields``).
-
-    Each array runs from ``,"managedFields":[`` to the first ``]`` after it. The opening cannot
-    match inside a JSON string (a quote there is always escaped), and a managed-fields entry holds
-    only strings and the ``fieldsV1`` trie of objects, never an array, so the first ``]`` outside a
-    string closes the array. One inside a string (a trie key may quote a value) cuts the data in
-    the middle of that string, which leaves JSON that does not parse: a caller whose cut data does
-    not validate decodes the data it was given instead. ``most`` stops the search after that many
-    arrays (1 for a watch line: the search for a second one cost a third of the cut)."""
-    if not isinstance(data, bytes):  # a str line, as the decoders also accept
-        return data
-    parts: list[bytes] = []
-    taken = 0
-    while (start := data.find(_MANAGED_FIELDS, taken)) != -1:
-        end = data.find(b"]", start + len(_MANAGED_FIELDS))
-        if end == -1:
-            break
-        parts.append(data[taken:start])
-        taken = end + 1
-        if len(parts) == most:
-            break
-    if not parts:
-        return data
-    parts.append(data[taken:])
-    return b"".join(parts)
 
 
 _ITEMS_KEY = b',"items":'
@@ -198,7 +156,7 @@ def decode_watch_line(line: bytes) -> PodWatchEvent:
     ``kubernetes_asyncio`` reads it.
     """
     try:
-        frame = _validated(_FRAME.validate_json, line, most=1)
+        frame = validated_without_managed_fields(_FRAME.validate_json, line, most=1)
     except ValidationError as err:
         return _decode_rejected_line(line, err)
     if isinstance(frame, _PodFrame):

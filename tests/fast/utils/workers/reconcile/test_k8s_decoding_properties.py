@@ -23,7 +23,7 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
     realistic_pod,
     status,
 )
-from miles.utils.workers.reconcile import k8s_wire
+from miles.utils.workers.reconcile import k8s_wire, managed_fields
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
 from miles.utils.workers.reconcile.k8s_framing import iter_lines
@@ -345,7 +345,7 @@ def pods_with_awkward_strings(draw: st.DrawFn) -> Any:
 
 
 def _uncut(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(k8s_wire, "without_managed_fields", lambda data, **_: data)
+    monkeypatch.setattr(managed_fields, "without_managed_fields", lambda data, **_: data)
 
 
 @given(st.one_of(pods_with_awkward_strings(), mutated_pods()))
@@ -371,7 +371,7 @@ def test_the_cut_removes_exactly_each_pods_managed_fields_from_recorded_bytes() 
         expected = json.loads(data)
         for pod in expected.get("items") or [expected.get("object") or {}]:
             cut_any |= pod.get("metadata", {}).pop("managedFields", None) is not None
-        assert json.loads(k8s_wire.without_managed_fields(data)) == expected
+        assert json.loads(managed_fields.without_managed_fields(data)) == expected
     assert cut_any
 
 
@@ -382,7 +382,7 @@ def test_a_cut_inside_a_string_falls_back_to_the_whole_line() -> None:
     pod["metadata"]["managedFields"][0]["fieldsV1"]["f:metadata"]['v:"x]y"'] = {}
     line = frame("ADDED", pod).strip()
     with pytest.raises(json.JSONDecodeError):
-        json.loads(k8s_wire.without_managed_fields(line))
+        json.loads(managed_fields.without_managed_fields(line))
     event = decode_watch_line(line)
     assert event.pod is not None
     assert event.pod.metadata.labels == pod["metadata"]["labels"]
@@ -397,7 +397,7 @@ def test_a_list_of_pods_with_and_without_managed_fields_decodes_as_uncut(
     del pods[1]["metadata"]["managedFields"]
     pods[2]["metadata"]["annotations"]["note"] = ',"managedFields":[]'
     body = list_body(pods, "9")
-    assert k8s_wire.without_managed_fields(body) != body
+    assert managed_fields.without_managed_fields(body) != body
     cut = decode_pod_list(body)
     _uncut(monkeypatch)
     assert decode_pod_list(body) == cut
