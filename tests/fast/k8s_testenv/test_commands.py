@@ -19,7 +19,7 @@ from miles.utils.k8s_testenv.commands.demo import Verdict, group_by_parent, stor
 from miles.utils.k8s_testenv.testing.k8s_fakes import PARENT_LABEL, pod
 from miles.utils.k8s_testenv.user_dirs import user_cache_dir, user_state_dir
 from miles.utils.workers.reconcile import cli
-from miles.utils.workers.reconcile.cli.watch_view import parent_label_map
+from miles.utils.workers.reconcile.cli.pool_loop import parent_label_map
 
 
 @pytest.fixture

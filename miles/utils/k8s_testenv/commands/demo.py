@@ -20,18 +20,20 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TextIO, TypeVar
 
 from miles.utils.workers.reconcile.cli.failures import CliError
-from miles.utils.workers.reconcile.cli.watch_view import (
+from miles.utils.workers.reconcile.cli.live_view import (
     CLEAR_SCREEN,
-    INTERRUPTED_EXIT,
     LiveView,
-    WatchOptions,
-    logs_into,
-    parent_label_map,
-    stop_on_signals,
-    synced_pool,
     view_title,
     wait_redrawing,
 )
+from miles.utils.workers.reconcile.cli.log_notes import logs_into
+from miles.utils.workers.reconcile.cli.pool_loop import (
+    PoolOptions,
+    parent_label_map,
+    pool_loop,
+    synced_pool,
+)
+from miles.utils.workers.reconcile.cli.signals import INTERRUPTED_EXIT, stop_on_signals
 from miles.utils.workers.reconcile.source_event import ParentKey
 
 NAMESPACE = "miles-demo"
@@ -49,7 +51,10 @@ CRASH_EXIT_CODE = 3
 CONVERGE_TIMEOUT = 60.0
 STEP_PAUSE = 2.5
 T = TypeVar("T")
-OPTIONS = WatchOptions(namespace=NAMESPACE, selector=f"{APP_LABEL}={APP}", parent_label=CELL_LABEL)
+OPTIONS = PoolOptions(namespace=NAMESPACE, selector=f"{APP_LABEL}={APP}", parent_label=CELL_LABEL)
+RETRY_DELAY = 0.5
+"""The reflector's and the loop's first retry, shorter than their defaults, so the story's apiserver
+restart is over sooner."""
 
 PoolView = Mapping[ParentKey, Mapping[str, str]]
 """Per parent, each member's name and resourceVersion: what the verdict compares."""
@@ -384,7 +389,7 @@ async def play(*, plane: DemoPlane, short: bool, out: TextIO) -> Verdict:
     async with core_v1_api(plane.kubeconfig, {}) as core:
         cluster = DemoCluster(core_v1_api=core, plane=plane)
         await cluster.reset()
-        with logs_into(view, enabled=tty):
+        with logs_into(view.notes, enabled=tty):
             return await _play_story(cluster, plane, view, short=short, tty=tty)
 
 
@@ -414,26 +419,11 @@ async def _play_story(
 @contextlib.asynccontextmanager
 async def _demo_loop(core: Any, view: LiveView) -> AsyncIterator[Any]:
     from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
-    from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
-    from miles.utils.workers.reconcile.loop import ReconcileLoop
 
-    reflector = KubernetesReflector(
-        kube_client=KubernetesAsyncioPodApi(core_v1_api=core),
-        namespace=NAMESPACE,
-        label_selector=OPTIONS.selector,
-        retry_delay=0.5,
-    )
-
-    async def reconcile(parent: ParentKey) -> None:
-        view.show_parent(parent, loop.get_by_parent(parent))
-
-    loop = ReconcileLoop(
-        source=reflector.watch,
-        reconcile=reconcile,
-        key_map=parent_label_map(CELL_LABEL),
-        source_retry_delay=0.5,
-    )
-    async with loop:
+    pod_api = KubernetesAsyncioPodApi(core_v1_api=core)
+    async with pool_loop(
+        OPTIONS, pod_api=pod_api, show=view.show_parent, retry_delay=RETRY_DELAY
+    ) as loop:
         yield loop
 
 

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_RESYNC_PERIOD = 36000.0
 DEFAULT_SLOW_RECONCILE_AFTER = 60.0
 DEFAULT_NAME = "reconcile"
+DEFAULT_SOURCE_RETRY_DELAY = 1.0
 SAMPLE_PERIOD = 1.0
 """How often the watchdog stamps the time of the last event (so it is at most this late)."""
 MINIMUM_RESYNC_PERIOD = 1.0
@@ -91,7 +92,7 @@ class ReconcileLoop:
         resync_period: float | None = DEFAULT_RESYNC_PERIOD,
         failure_base_delay: float = 1.0,
         failure_max_delay: float = 60.0,
-        source_retry_delay: float = 1.0,
+        source_retry_delay: float = DEFAULT_SOURCE_RETRY_DELAY,
         clock: Clock | None = None,
         name: str | None = None,
         slow_reconcile_after: float = DEFAULT_SLOW_RECONCILE_AFTER,

@@ -18,9 +18,10 @@ from importlib.metadata import EntryPoint, PackageNotFoundError, entry_points, v
 from typing import NoReturn, TextIO
 
 from miles.utils.workers.reconcile.cli.failures import USAGE_EXIT, CliError, describe_failure
+from miles.utils.workers.reconcile.cli.signals import INTERRUPTED_EXIT
+from miles.utils.workers.reconcile.cli.status_command import STATUS
 from miles.utils.workers.reconcile.cli.subcommand import ENTRY_POINT_GROUP, Subcommand
-from miles.utils.workers.reconcile.cli.watch_command import STATUS, WATCH
-from miles.utils.workers.reconcile.cli.watch_view import INTERRUPTED_EXIT
+from miles.utils.workers.reconcile.cli.watch_command import WATCH
 
 PROG = "miles-reconcile"
 DISTRIBUTION = "miles-reconcile"

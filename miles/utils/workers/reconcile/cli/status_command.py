@@ -7,38 +7,45 @@ drain the initial reconciles, print ``status()`` as text or JSON, and exit 0.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
-from collections.abc import Mapping
-from typing import Any, Literal, TextIO
+import os
+from typing import TextIO
 
 from miles.utils.workers.reconcile.cli.failures import CliError
-from miles.utils.workers.reconcile.cli.kube_session import KubeTarget
-from miles.utils.workers.reconcile.cli.status_view import loop_status, status_record, status_text
-from miles.utils.workers.reconcile.cli.watch_view import (
-    SignalCancel,
-    WatchOptions,
-    make_loop,
+from miles.utils.workers.reconcile.cli.pool_loop import (
+    PoolOptions,
+    add_target_arguments,
+    connected_pool,
+    pool_loop,
     preflight,
+    target_of,
 )
-from miles.utils.workers.reconcile.source_event import ParentKey
+from miles.utils.workers.reconcile.cli.signals import SignalCancel
+from miles.utils.workers.reconcile.cli.status_view import loop_status, status_record, status_text
+from miles.utils.workers.reconcile.cli.subcommand import Subcommand
+from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
+from miles.utils.workers.reconcile.status import LoopStatus
 
 DRAIN_SECONDS = 5.0
-StatusFormat = Literal["text", "json"]
+STATUS_FORMATS = ("text", "json")
+
+
+def add_status_arguments(status: argparse.ArgumentParser) -> None:
+    add_target_arguments(status)
+    status.add_argument("--parent-label", help="label whose value names a pod's parent")
+    status.add_argument("--output", "-o", choices=STATUS_FORMATS, default="text")
 
 
 async def take_status(
-    options: WatchOptions, *, pod_api: Any, drain_seconds: float = DRAIN_SECONDS
-) -> Any:
+    options: PoolOptions, *, pod_api: KubernetesPodApi, drain_seconds: float = DRAIN_SECONDS
+) -> LoopStatus:
     """Sync a loop over ``options``' pods and return its snapshot once the queue is empty (or after
     ``drain_seconds``)."""
     await preflight(pod_api, options)
-
-    async def reconcile(parent: ParentKey) -> None:
-        return None
-
-    loop = make_loop(options, pod_api=pod_api, reconcile=reconcile)
+    loop = pool_loop(options, pod_api=pod_api)
     async with loop:
         status = loop_status(loop)
         if status is None:
@@ -51,29 +58,19 @@ async def take_status(
         return status
 
 
-async def run_status(
-    target: KubeTarget,
-    *,
-    selector: str,
-    parent_label: str | None,
-    output: StatusFormat,
-    environ: Mapping[str, str],
-    out: TextIO,
-    err: TextIO,
-) -> int:
-    from miles.utils.workers.reconcile.cli.kube_session import kube_session
-    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
-
+async def run_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The ``status`` command; returns its exit code (130 after Ctrl-C, 143 after SIGTERM)."""
     printed: list[str] = []
 
     async def work() -> None:
-        async with kube_session(target, environ) as session:
-            options = WatchOptions(
-                namespace=session.namespace, selector=selector, parent_label=parent_label or ""
-            )
-            pod_api = KubernetesAsyncioPodApi(core_v1_api=session.core_v1_api)
+        async with connected_pool(
+            target_of(args),
+            os.environ,
+            selector=args.selector,
+            parent_label=args.parent_label or "",
+        ) as (options, pod_api):
             status = await take_status(options, pod_api=pod_api)
-        if output == "json":
+        if args.output == "json":
             printed.append(json.dumps(status_record(status), indent=2))
         else:
             printed.extend(status_text(status))
@@ -84,3 +81,11 @@ async def run_status(
         return code
     out.write("\n".join(printed) + "\n")
     return 0
+
+
+STATUS = Subcommand(
+    name="status",
+    help="connect, sync a loop over the selected pods, print its status() once, and exit",
+    add_arguments=add_status_arguments,
+    run=run_status,
+)

@@ -1,30 +1,38 @@
-"""``miles-reconcile watch`` and ``status``: their arguments and how they run. Go: ``kubectl get
--w``'s flags (``--kubeconfig``, ``--context``, ``-n``, ``-l``, ``-o``)."""
+"""``miles-reconcile watch``: a ReconcileLoop whose reconcile draws the pool. Go: ``kubectl get
+-w`` (``pkg/cmd/get``) and its flags (``--kubeconfig``, ``--context``, ``-n``, ``-l``, ``-o``)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 from typing import TextIO
 
 from miles.utils.workers.reconcile.cli.failures import CliError
-from miles.utils.workers.reconcile.cli.kube_session import KubeTarget
+from miles.utils.workers.reconcile.cli.live_view import (
+    OUTPUT_FORMATS,
+    LiveView,
+    Terminal,
+    owning_terminal,
+    redraw_on_resize,
+    view_title,
+    wait_redrawing,
+)
+from miles.utils.workers.reconcile.cli.log_notes import logs_into
+from miles.utils.workers.reconcile.cli.pool_loop import (
+    PoolOptions,
+    add_target_arguments,
+    connected_pool,
+    empty_selection_note,
+    pool_loop,
+    preflight,
+    synced_pool,
+    target_of,
+)
+from miles.utils.workers.reconcile.cli.signals import SignalCancel
+from miles.utils.workers.reconcile.cli.status_view import loop_status
 from miles.utils.workers.reconcile.cli.subcommand import Subcommand
-from miles.utils.workers.reconcile.cli.watch_view import OUTPUT_FORMATS
-
-STATUS_FORMATS = ("text", "json")
-
-
-def add_target_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--kubeconfig",
-        help="kubeconfig file (default: the files of $KUBECONFIG, ~/.kube/config, in-cluster)",
-    )
-    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
-    parser.add_argument(
-        "--namespace", "-n", help="namespace (default: the context's namespace, else default)"
-    )
-    parser.add_argument("--selector", "-l", required=True, help="label selector, e.g. app=engine")
+from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 
 
 def add_watch_arguments(watch: argparse.ArgumentParser) -> None:
@@ -42,42 +50,63 @@ def add_watch_arguments(watch: argparse.ArgumentParser) -> None:
     )
 
 
-def add_status_arguments(status: argparse.ArgumentParser) -> None:
-    add_target_arguments(status)
-    status.add_argument("--parent-label", help="label whose value names a pod's parent")
-    status.add_argument("--output", "-o", choices=STATUS_FORMATS, default="text")
+async def watch_pool(
+    options: PoolOptions,
+    *,
+    pod_api: KubernetesPodApi,
+    view: LiveView,
+    stop: asyncio.Event,
+    err: TextIO,
+    tick: bool,
+) -> None:
+    """Run the loop with ``view`` as its reconcile until ``stop`` is set."""
+    listed = await preflight(pod_api, options)
+    loop = pool_loop(options, pod_api=pod_api, show=view.show_parent)
+    async with loop:
+        view.observe(loop_status(loop))
+        view.start_marking(synced_pool(loop))
+        if not loop.parent_keys():
+            note = empty_selection_note(options, listed)
+            err.write(f"miles-reconcile: {note}\n")
+            err.flush()
+            view.notes.append(note)
+        view.draw()
+        await wait_redrawing(view, stop, tick=tick, status=lambda: loop_status(loop))
 
 
-def target_of(args: argparse.Namespace) -> KubeTarget:
-    return KubeTarget(kubeconfig=args.kubeconfig, context=args.context, namespace=args.namespace)
-
-
-async def run_watch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int | None:
-    from miles.utils.workers.reconcile.cli.watch_view import WatchOptions, run_watch
-
+async def run_watch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The ``watch`` command; returns its exit code (130 after Ctrl-C, 143 after SIGTERM)."""
     if not args.parent_label.strip():
         raise CliError("--parent-label is empty; name the label whose value is a pod's parent")
-    options = WatchOptions(
-        namespace=args.namespace or "",
-        selector=args.selector,
-        parent_label=args.parent_label,
-        output=args.output,
-    )
-    return await run_watch(options, target=target_of(args), environ=os.environ, out=out, err=err)
+    stop = asyncio.Event()
+    target = target_of(args)
 
+    async def watch() -> None:
+        async with connected_pool(
+            target, os.environ, selector=args.selector, parent_label=args.parent_label
+        ) as (options, pod_api):
+            view = LiveView(
+                stream=out,
+                output=args.output,
+                tty=False,
+                title=view_title(options),
+                on_output_closed=stop.set,
+                terminal=Terminal.of(out, os.environ),
+            )
+            with (
+                owning_terminal(view, out),
+                redraw_on_resize(view),
+                logs_into(view.notes, enabled=view.live),
+            ):
+                await watch_pool(
+                    options, pod_api=pod_api, view=view, stop=stop, err=err, tick=view.live
+                )
+            if view.output_closed:
+                raise BrokenPipeError
 
-async def run_status(args: argparse.Namespace, out: TextIO, err: TextIO) -> int | None:
-    from miles.utils.workers.reconcile.cli.status_command import run_status
-
-    return await run_status(
-        target_of(args),
-        selector=args.selector,
-        parent_label=args.parent_label,
-        output=args.output,
-        environ=os.environ,
-        out=out,
-        err=err,
-    )
+    code = await SignalCancel().run(watch())
+    err.write("miles-reconcile: stopped\n" if code is None else "miles-reconcile: interrupted\n")
+    return code or 0
 
 
 WATCH = Subcommand(
@@ -85,11 +114,4 @@ WATCH = Subcommand(
     help="show every parent and its member pods, redrawn as reconciles happen",
     add_arguments=add_watch_arguments,
     run=run_watch,
-)
-
-STATUS = Subcommand(
-    name="status",
-    help="connect, sync a loop over the selected pods, print its status() once, and exit",
-    add_arguments=add_status_arguments,
-    run=run_status,
 )

@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> int:
     from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
-    from miles.utils.workers.reconcile.cli.watch_view import parent_label_map
+    from miles.utils.workers.reconcile.cli.pool_loop import parent_label_map
     from miles.utils.workers.reconcile.k8s_api import (
         KubernetesAsyncioLeaseApi,
         KubernetesAsyncioPodApi,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from miles.utils.workers.reconcile import cli
+from miles.utils.workers.reconcile.cli.live_view import HOME, LiveView, Terminal
 from miles.utils.workers.reconcile.cli.pool_view import (
     Mark,
     ParentBlock,
@@ -26,7 +27,6 @@ from miles.utils.workers.reconcile.cli.status_view import (
     status_record,
     status_text,
 )
-from miles.utils.workers.reconcile.cli.watch_view import HOME, LiveView, Terminal
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.status import (
     LoopStatus,
@@ -345,14 +345,14 @@ async def test_status_command_syncs_a_loop_and_returns_its_snapshot() -> None:
     from miles.utils.k8s_testenv.testing.k8s_fakes import PARENT_LABEL, FakePodApi
     from miles.utils.k8s_testenv.testing.k8s_fakes import pod as k8s_pod
     from miles.utils.workers.reconcile.cli.failures import CliError
+    from miles.utils.workers.reconcile.cli.pool_loop import PoolOptions
     from miles.utils.workers.reconcile.cli.status_command import take_status
-    from miles.utils.workers.reconcile.cli.watch_view import WatchOptions
     from miles.utils.workers.reconcile.k8s_values import PodListPage
     from miles.utils.workers.reconcile.loop import ReconcileLoop
 
     page = PodListPage(pods=(k8s_pod("e-0", resource_version="10"),), resource_version="10")
     api = FakePodApi(lists=[page, page])
-    options = WatchOptions(namespace="ns", selector="app=x", parent_label=PARENT_LABEL)
+    options = PoolOptions(namespace="ns", selector="app=x", parent_label=PARENT_LABEL)
     if not hasattr(ReconcileLoop, "status"):
         with pytest.raises(CliError, match=r"has no status\(\)"):
             await take_status(options, pod_api=api, drain_seconds=0.0)
@@ -394,7 +394,7 @@ async def test_a_signal_cancels_the_command_wherever_it_waits_and_runs_its_final
     import os
     import signal
 
-    from miles.utils.workers.reconcile.cli.watch_view import SignalCancel
+    from miles.utils.workers.reconcile.cli.signals import SignalCancel
 
     cleaned: list[str] = []
 

@@ -14,6 +14,12 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import PARENT_LABEL, FakePodApi
 from miles.utils.k8s_testenv.testing.k8s_fakes import pod as k8s_pod
 from miles.utils.workers.reconcile import cli
 from miles.utils.workers.reconcile.cli.failures import describe_failure
+from miles.utils.workers.reconcile.cli.live_view import HOME, MARK_SECONDS, LiveView
+from miles.utils.workers.reconcile.cli.pool_loop import (
+    PoolOptions,
+    empty_selection_note,
+    parent_label_map,
+)
 from miles.utils.workers.reconcile.cli.pool_view import (
     Mark,
     MemberRow,
@@ -24,15 +30,7 @@ from miles.utils.workers.reconcile.cli.pool_view import (
     reconcile_record,
     render_screen,
 )
-from miles.utils.workers.reconcile.cli.watch_view import (
-    HOME,
-    MARK_SECONDS,
-    LiveView,
-    WatchOptions,
-    empty_selection_note,
-    parent_label_map,
-    watch_pool,
-)
+from miles.utils.workers.reconcile.cli.watch_command import watch_pool
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
@@ -270,7 +268,7 @@ def test_parent_label_map_names_the_cell_or_nothing() -> None:
 
 
 def test_empty_selection_note_says_what_matched_nothing() -> None:
-    options = WatchOptions(namespace="ns", selector="app=x", parent_label="cell")
+    options = PoolOptions(namespace="ns", selector="app=x", parent_label="cell")
     assert "no pods in namespace 'ns' match selector 'app=x'" in empty_selection_note(options, 0)
     assert "none carries label 'cell'" in empty_selection_note(options, 3)
 
@@ -339,7 +337,7 @@ def test_main_against_a_closed_port_prints_one_line_and_exits_2(
 
 
 async def _watch_until(
-    api: FakePodApi, condition: Any, *, options: WatchOptions, output: str = "table"
+    api: FakePodApi, condition: Any, *, options: PoolOptions, output: str = "table"
 ) -> tuple[str, str]:
     out, err = io.StringIO(), io.StringIO()
     view = LiveView(stream=out, output=output, tty=False, title="t", now=Clock())  # type: ignore[arg-type]
@@ -357,7 +355,7 @@ async def test_watch_says_once_when_the_selector_matches_nothing_and_keeps_watch
     """Issue item 4: an empty selection is reported on stderr, and the loop keeps running."""
     empty = PodListPage(pods=(), resource_version="5")
     api = FakePodApi(lists=[empty, empty])
-    options = WatchOptions(namespace="ns", selector="app=none", parent_label=PARENT_LABEL)
+    options = PoolOptions(namespace="ns", selector="app=none", parent_label=PARENT_LABEL)
     out, err = await _watch_until(api, lambda out, err: "watching" in err, options=options)
     assert err.splitlines()[0] == (
         "miles-reconcile: no pods in namespace 'ns' match selector 'app=none'; watching for them"
@@ -375,7 +373,7 @@ async def test_watch_draws_the_pool_and_marks_a_pod_the_watch_changed() -> None:
     api = FakePodApi(
         lists=[page, page], watches=[[drawn.wait, PodWatchEvent("MODIFIED", restarted, "12")]]
     )
-    options = WatchOptions(namespace="default", selector="app=x", parent_label=PARENT_LABEL)
+    options = PoolOptions(namespace="default", selector="app=x", parent_label=PARENT_LABEL)
 
     def marked(out: str, err: str) -> bool:
         if "cell-0" in out:
@@ -398,7 +396,7 @@ async def test_watch_jsonl_records_follow_the_watch() -> None:
     api = FakePodApi(
         lists=[page, page], watches=[[synced.wait, PodWatchEvent("DELETED", gone, "13")]]
     )
-    options = WatchOptions(namespace="default", selector="app=x", parent_label=PARENT_LABEL)
+    options = PoolOptions(namespace="default", selector="app=x", parent_label=PARENT_LABEL)
 
     def two_records(out: str, err: str) -> bool:
         if out.count("\n") == 1:
@@ -412,7 +410,7 @@ async def test_watch_jsonl_records_follow_the_watch() -> None:
 
 async def test_watch_forbidden_list_fails_before_the_loop_starts() -> None:
     api = FakePodApi(lists=[KubernetesApiError(403, "Forbidden", "pods is forbidden")])
-    options = WatchOptions(namespace="ns", selector="app=x", parent_label=PARENT_LABEL)
+    options = PoolOptions(namespace="ns", selector="app=x", parent_label=PARENT_LABEL)
     with pytest.raises(KubernetesApiError) as caught:
         await _watch_until(api, lambda out, err: False, options=options)
     assert describe_failure(caught.value) == "forbidden by RBAC: pods is forbidden"

@@ -1,10 +1,10 @@
-"""``miles-reconcile watch``: a ReconcileLoop whose reconcile draws the pool. Go: ``kubectl get -w``
-(the printer side); the loop side is ``loop.py``.
+"""The pool as the loop last reconciled it, drawn after every reconcile. Go: ``kubectl get -w``'s
+printing side (``pkg/cmd/get``: a table, then the rows that change; ``-o json``).
 
-The reconcile function reads ``loop.get_by_parent(parent)`` and hands the rows to a
-:class:`LiveView`, which keeps the snapshot and its marks and draws through :mod:`pool_view`: in
-place and fitted to the screen on a terminal; off one (a pipe, a file, ``TERM=dumb``) the first
-snapshot and then only the rows that changed; or JSON.
+:class:`LiveView` keeps the snapshot and its marks and draws through :mod:`pool_view`: in place
+and fitted to the screen on a terminal; off one (a pipe, a file, ``TERM=dumb``) the first
+snapshot and then only the rows that changed; or JSON. The terminal around it (clearing, the
+cursor, SIGWINCH, the redraw tick) is here too.
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from miles.utils.workers.reconcile.cli.failures import CliError
 from miles.utils.workers.reconcile.cli.pool_view import (
     Mark,
     MemberRow,
@@ -34,16 +32,17 @@ from miles.utils.workers.reconcile.cli.pool_view import (
     reconcile_record,
     render_screen,
 )
-from miles.utils.workers.reconcile.cli.status_view import ConnectionTracker, loop_status
-from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.cli.status_view import ConnectionTracker
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.source_event import ParentKey
+
+if TYPE_CHECKING:
+    from miles.utils.workers.reconcile.cli.pool_loop import PoolOptions
 
 OutputFormat = Literal["table", "wide", "json", "jsonl"]
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("table", "wide", "json", "jsonl")
 MARK_SECONDS = 5.0
 TICK_SECONDS = 1.0
-PREFLIGHT_TIMEOUT = 15.0
 HOME = "\x1b[H"
 CLEAR_LINE = "\x1b[K"
 CLEAR_BELOW = "\x1b[J"
@@ -51,20 +50,10 @@ CLEAR_SCREEN = "\x1b[2J"
 HIDE_CURSOR = "\x1b[?25l"
 SHOW_CURSOR = "\x1b[?25h"
 NOTES_KEPT = 4
-INTERRUPTED_EXIT = 130
-SIGNAL_EXIT_BASE = 128
 
 
 def wall_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class WatchOptions:
-    namespace: str
-    selector: str
-    parent_label: str
-    output: OutputFormat = "table"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +92,6 @@ def _terminal_size(stream: TextIO) -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return (size.columns, size.lines) if size.columns > 0 and size.lines > 0 else None
-
-
-class PodLister(Protocol):
-    async def list_pods(self, *, namespace: str, label_selector: str) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,211 +304,7 @@ class LiveView:
             self._on_output_closed()
 
 
-class NotesHandler(logging.Handler):
-    """Routes the runtime's log lines into the view's footer while it owns the terminal."""
-
-    def __init__(self, view: LiveView) -> None:
-        super().__init__(level=logging.WARNING)
-        self._view = view
-
-    def emit(self, record: logging.LogRecord) -> None:
-        first_line = record.getMessage().splitlines()[0] if record.getMessage() else ""
-        self._view.notes.append(f"{record.levelname.lower()}: {first_line}")
-
-
-@contextlib.contextmanager
-def logs_into(view: LiveView, *, enabled: bool) -> Iterator[None]:
-    if not enabled:
-        yield
-        return
-    root = logging.getLogger()
-    handler = NotesHandler(view)
-    saved = root.handlers[:]
-    root.handlers = [handler]
-    try:
-        yield
-    finally:
-        root.handlers = saved
-
-
-def parent_label_map(label: str) -> Callable[[Any], ParentKey | None]:
-    """The loop's ``key_map``: a pod's parent is the value of ``label``; no label, no parent."""
-
-    def key_map(pod: Any) -> ParentKey | None:
-        value: str | None = pod.metadata.labels.get(label)
-        return value or None
-
-    return key_map
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
-    """SIGINT and SIGTERM set ``stop`` instead of raising, so teardown runs as ordinary code."""
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    for signum in signals:
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        yield
-    finally:
-        for signum in signals:
-            loop.remove_signal_handler(signum)
-
-
-class SignalCancel:
-    """SIGINT and SIGTERM cancel the task that installed this, at whatever it awaits (connecting,
-    listing, watching), so ``finally`` blocks restore the terminal; :attr:`exit_code` is then
-    ``128 + signal`` (130, 143), as a shell reports a process killed by it. A second signal
-    cancels the teardown too."""
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-
-    @property
-    def exit_code(self) -> int | None:
-        return None if self.received is None else SIGNAL_EXIT_BASE + self.received
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-
-        def on_signal(signum: int) -> None:
-            if self.received is None:
-                self.received = signum
-            task.cancel()
-
-        signals = (signal.SIGINT, signal.SIGTERM)
-        for signum in signals:
-            loop.add_signal_handler(signum, on_signal, signum)
-        try:
-            yield
-        finally:
-            for signum in signals:
-                loop.remove_signal_handler(signum)
-
-    async def run(self, work: Any) -> int | None:
-        """Await ``work``; on a signal, its exit code instead of the cancellation."""
-        task = asyncio.current_task()
-        assert task is not None
-        with self.installed():
-            try:
-                await work
-            except asyncio.CancelledError:
-                if self.received is None:
-                    raise
-                task.uncancel()
-        return self.exit_code
-
-
-@contextlib.contextmanager
-def redraw_on_resize(view: LiveView) -> Iterator[None]:
-    """SIGWINCH redraws at the new size at once."""
-    if not view.live:
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGWINCH, view.draw)
-    try:
-        yield
-    finally:
-        loop.remove_signal_handler(signal.SIGWINCH)
-
-
-def synced_pool(loop: Any) -> dict[ParentKey, list[Any]]:
-    return {parent: loop.get_by_parent(parent) for parent in loop.parent_keys()}
-
-
-def empty_selection_note(options: WatchOptions, pods_listed: int) -> str:
-    if pods_listed == 0:
-        return (
-            f"no pods in namespace {options.namespace!r} match selector {options.selector!r}; "
-            "watching for them"
-        )
-    return (
-        f"{pods_listed} pods match selector {options.selector!r} but none carries label "
-        f"{options.parent_label!r}; watching for them"
-    )
-
-
-async def preflight(pod_api: PodLister, options: WatchOptions) -> int:
-    """One LIST before the loop starts, so a bad address, a bad selector or a missing permission
-    fails at once (the reflector would retry it forever). Returns how many pods it listed."""
-    try:
-        async with asyncio.timeout(PREFLIGHT_TIMEOUT):
-            page = await pod_api.list_pods(
-                namespace=options.namespace, label_selector=options.selector
-            )
-    except KubernetesApiError as err:
-        if err.code == 400:
-            raise CliError(
-                f"selector {options.selector!r} rejected by the apiserver: "
-                f"{err.message or err.reason}; fix --selector (e.g. app=engine)"
-            ) from None
-        raise
-    return len(page.pods)
-
-
-def make_loop(options: WatchOptions, *, pod_api: Any, reconcile: Any) -> Any:
-    from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
-    from miles.utils.workers.reconcile.loop import ReconcileLoop
-
-    reflector = KubernetesReflector(
-        kube_client=pod_api, namespace=options.namespace, label_selector=options.selector
-    )
-    return ReconcileLoop(
-        source=reflector.watch, reconcile=reconcile, key_map=parent_label_map(options.parent_label)
-    )
-
-
-async def watch_pool(
-    options: WatchOptions,
-    *,
-    pod_api: Any,
-    view: LiveView,
-    stop: asyncio.Event,
-    err: TextIO,
-    tick: bool,
-) -> None:
-    """Run the loop with ``view`` as its reconcile until ``stop`` is set."""
-    listed = await preflight(pod_api, options)
-
-    async def reconcile(parent: ParentKey) -> None:
-        view.show_parent(parent, loop.get_by_parent(parent))
-
-    loop = make_loop(options, pod_api=pod_api, reconcile=reconcile)
-    async with loop:
-        view.observe(loop_status(loop))
-        view.start_marking(synced_pool(loop))
-        if not loop.parent_keys():
-            note = empty_selection_note(options, listed)
-            err.write(f"miles-reconcile: {note}\n")
-            err.flush()
-            view.notes.append(note)
-        view.draw()
-        await wait_redrawing(view, stop, tick=tick, status=lambda: loop_status(loop))
-
-
-async def wait_redrawing(
-    view: LiveView,
-    stop: asyncio.Event,
-    *,
-    tick: bool,
-    status: Callable[[], Any] = lambda: None,
-) -> None:
-    """Wait for ``stop``; with ``tick``, read the loop's status and redraw every
-    :data:`TICK_SECONDS` meanwhile (ages move, marks fade, the status line follows)."""
-    while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(TICK_SECONDS if tick else None):
-                await stop.wait()
-        if tick and not stop.is_set():
-            view.observe(status())
-            view.draw()
-
-
-def view_title(options: WatchOptions, *, command: str = "watch") -> str:
+def view_title(options: PoolOptions, *, command: str = "watch") -> str:
     return (
         f"miles-reconcile {command}  namespace={options.namespace}  selector={options.selector}  "
         f"parent-label={options.parent_label}"
@@ -547,49 +328,33 @@ def owning_terminal(view: LiveView, out: TextIO) -> Iterator[None]:
             out.flush()
 
 
-async def run_watch(
-    options: WatchOptions,
+@contextlib.contextmanager
+def redraw_on_resize(view: LiveView) -> Iterator[None]:
+    """SIGWINCH redraws at the new size at once."""
+    if not view.live:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGWINCH, view.draw)
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGWINCH)
+
+
+async def wait_redrawing(
+    view: LiveView,
+    stop: asyncio.Event,
     *,
-    target: Any,
-    environ: Mapping[str, str],
-    out: TextIO,
-    err: TextIO,
-) -> int:
-    """The ``watch`` command; returns its exit code (130 after Ctrl-C, 143 after SIGTERM)."""
-    from miles.utils.workers.reconcile.cli.kube_session import kube_session
-    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
-
-    stop = asyncio.Event()
-    signals = SignalCancel()
-
-    async def watch() -> None:
-        async with kube_session(target, environ) as session:
-            resolved = WatchOptions(
-                namespace=session.namespace,
-                selector=options.selector,
-                parent_label=options.parent_label,
-                output=options.output,
-            )
-            view = LiveView(
-                stream=out,
-                output=options.output,
-                tty=False,
-                title=view_title(resolved),
-                on_output_closed=stop.set,
-                terminal=Terminal.of(out, environ),
-            )
-            pod_api = KubernetesAsyncioPodApi(core_v1_api=session.core_v1_api)
-            with (
-                owning_terminal(view, out),
-                redraw_on_resize(view),
-                logs_into(view, enabled=view.live),
-            ):
-                await watch_pool(
-                    resolved, pod_api=pod_api, view=view, stop=stop, err=err, tick=view.live
-                )
-            if view.output_closed:
-                raise BrokenPipeError
-
-    code = await signals.run(watch())
-    err.write("miles-reconcile: stopped\n" if code is None else "miles-reconcile: interrupted\n")
-    return code or 0
+    tick: bool,
+    status: Callable[[], Any] = lambda: None,
+) -> None:
+    """Wait for ``stop``; with ``tick``, read the loop's status and redraw every
+    :data:`TICK_SECONDS` meanwhile (ages move, marks fade, the status line follows)."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(TICK_SECONDS if tick else None):
+                await stop.wait()
+        if tick and not stop.is_set():
+            view.observe(status())
+            view.draw()
