@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import from_json
 
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
@@ -166,13 +167,28 @@ def decode_watch_line(line: bytes) -> PodWatchEvent:
     return PodWatchEvent.from_status(frame.object)
 
 
+def _unreadable(line: bytes, err: ValidationError) -> FrameDecodeError:
+    """A line that is not JSON, named by what its readable beginning says: a cut frame still
+    names its type, and its pod and resourceVersion when they precede the cut (strings cut
+    short are left out)."""
+    try:
+        head = _AnyFrame.model_validate(from_json(line, allow_partial=True))
+    except ValueError:
+        head = _AnyFrame()
+    meta = head.object.metadata
+    return FrameDecodeError(
+        f"unreadable watch frame: {validation_summary(err)}",
+        name=meta.name,
+        resource_version=meta.resource_version,
+        event_type=head.type if isinstance(head.type, str) else None,
+    )
+
+
 def _decode_rejected_line(line: bytes, err: ValidationError) -> PodWatchEvent:
     try:
         frame = _AnyFrame.model_validate_json(line)
     except ValidationError as envelope_err:
-        raise FrameDecodeError(
-            f"unreadable watch frame: {validation_summary(envelope_err)}"
-        ) from None
+        raise _unreadable(line, envelope_err) from None
     meta = frame.object.metadata
     if frame.type is None and isinstance(frame.code, int):
         return PodWatchEvent.from_status(WatchFrame.model_validate_json(line))

@@ -647,17 +647,20 @@ async def test_a_frame_with_odd_field_values_is_still_a_pod_and_moves_it_at_once
 
 
 @pytest.mark.parametrize(
-    "line",
+    ("line", "named"),
     [
-        _unkeyable("no name"),
-        _unkeyable("a label that is not a string"),
-        frame("MODIFIED", realistic_pod("a", "cell-1", resource_version="12"))[:700],
-        b"\x00\x17garbage that is not a frame",
+        (_unkeyable("no name"), "type=MODIFIED resourceVersion=12 pod=?"),
+        (_unkeyable("a label that is not a string"), "type=MODIFIED resourceVersion=12 pod=a"),
+        (
+            frame("MODIFIED", realistic_pod("a", "cell-1", resource_version="12"))[:700],
+            "type=MODIFIED resourceVersion=12 pod=a",
+        ),
+        (b"\x00\x17garbage that is not a frame", "type=? resourceVersion=? pod=?"),
     ],
     ids=["no name", "bad label", "cut JSON", "not a frame"],
 )
 async def test_a_frame_that_cannot_be_read_or_keyed_relists_within_one_backoff_step(
-    line: bytes, caplog: pytest.LogCaptureFixture
+    line: bytes, named: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 26.1, the other side of the line: the decoder's ``FrameDecodeError`` ends the watch
     (as the API's stream raises it), and the relist one backoff step later brings the pod's
@@ -673,7 +676,7 @@ async def test_a_frame_that_cannot_be_read_or_keyed_relists_within_one_backoff_s
             assert len(api.list_calls) == 2
             assert run.replaces()[-1].objects["a"].metadata.labels["miles.io/cell"] == "cell-1"
     (logged,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert "pod watch frame unreadable after resourceVersion=10: type=" in logged
+    assert f"pod watch frame unreadable after resourceVersion=10: {named}: " in logged
     assert decoded.value.reason in logged
     assert "relisting by LIST (frame unreadable) in " in logged
 
