@@ -60,20 +60,17 @@ class Faults:
 
     async def _fault(self, fault: FaultKind) -> float:
         logger.warning("differential: injecting %s", fault.value)
-        if fault is FaultKind.APISERVER_RESTART:
-            return await self._restart_target_apiserver()
-        if fault is FaultKind.COMPACT_410:
-            return await self._compact_then_cut()
-        if fault is FaultKind.ETCD_RESTART:
-            return await self._stop_start_etcd()
-        if fault is FaultKind.CUT_MID_FRAME:
-            return await self._cut_mid_frame()
-        if fault is FaultKind.SILENT:
-            return await self._go_silent()
-        if fault is FaultKind.CORRUPT_CHUNK:
-            return await self._corrupt_chunks()
-        if fault is FaultKind.DEAD_CONNECTION:
-            return await self._dead_connections()
+        own = {
+            FaultKind.APISERVER_RESTART: self._restart_target_apiserver,
+            FaultKind.COMPACT_410: self._compact_then_cut,
+            FaultKind.ETCD_RESTART: self._stop_start_etcd,
+            FaultKind.CUT_MID_FRAME: self._cut_mid_frame,
+            FaultKind.SILENT: self._go_silent,
+            FaultKind.CORRUPT_CHUNK: self._corrupt_chunks,
+            FaultKind.DEAD_CONNECTION: self._dead_connections,
+        }
+        if (inject := own.get(fault)) is not None:
+            return await inject()
         if (answer := self._http_answer(fault)) is not None:
             return await self._answer_requests(*answer)
         return await self._reconcile_fault(fault)

@@ -93,7 +93,7 @@ class DifferentialHarness:
             work_dir=work_dir,
             config=config,
             namespace=self.namespace,
-            ours=ours,
+            ours_factory=ours,
             log=log,
         )
         self._kwok = kwok

@@ -11,6 +11,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -72,35 +73,25 @@ def logs_to(path: Path) -> Iterator[None]:
         handler.close()
 
 
+@dataclass(kw_only=True, eq=False)
 class Rig:
     """`async with Rig(...) as rig:` both clients watch the target apiserver through
     `rig.proxy` (TCP) and then `rig.http_proxy` (HTTP); `rig.core` writes through the other one."""
 
-    def __init__(
-        self,
-        *,
-        plane: ControlPlane,
-        oracle_binary: Path,
-        work_dir: Path,
-        config: HarnessConfig,
-        namespace: str,
-        ours: OursFactory,
-        log: LogFn,
-    ) -> None:
-        self.plane = plane
-        self.namespace = namespace
-        self._oracle_binary = oracle_binary
-        self._work_dir = work_dir
-        self._config = config
-        self._ours_factory = ours
-        self._log = log
-        self._stack = AsyncExitStack()
-        self._core: Any = None
-        self._apps: Any = None
-        self._proxy: TcpProxy | None = None
-        self._http_proxy: HttpFaultProxy | None = None
-        self._oracle: OracleProcess | None = None
-        self._ours: Ours | None = None
+    plane: ControlPlane
+    oracle_binary: Path
+    work_dir: Path
+    config: HarnessConfig
+    namespace: str
+    ours_factory: OursFactory
+    log: LogFn
+    _stack: AsyncExitStack = field(default_factory=AsyncExitStack, init=False)
+    _core: Any = field(default=None, init=False)
+    _apps: Any = field(default=None, init=False)
+    _proxy: TcpProxy | None = field(default=None, init=False)
+    _http_proxy: HttpFaultProxy | None = field(default=None, init=False)
+    _oracle: OracleProcess | None = field(default=None, init=False)
+    _ours: Ours | None = field(default=None, init=False)
 
     @property
     def core(self) -> Any:
@@ -130,7 +121,7 @@ class Rig:
 
     @property
     def target_kubeconfig(self) -> Path:
-        return self._kubeconfig(self._config.target)
+        return self._kubeconfig(self.config.target)
 
     def check_alive(self) -> None:
         """Raises `HarnessAborted` naming the first process that died."""
@@ -155,8 +146,8 @@ class Rig:
     async def _start(self, stack: AsyncExitStack) -> None:
         from kubernetes_asyncio import client
 
-        config = self._config
-        self._work_dir.mkdir(parents=True, exist_ok=True)
+        config = self.config
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         writer_api = await stack.enter_async_context(api_client(self._writer_kubeconfig))
         self._core = client.CoreV1Api(writer_api)
         self._apps = client.AppsV1Api(writer_api)
@@ -168,26 +159,26 @@ class Rig:
                 history=config.proxy_history,
             )
         )
-        behind_http = self._http_proxy.write_kubeconfig(self._work_dir / "http-proxy.kubeconfig")
+        behind_http = self._http_proxy.write_kubeconfig(self.work_dir / "http-proxy.kubeconfig")
         host, port = server_address(behind_http)
         self._proxy = stack.enter_context(
             TcpProxy(upstream_host=host, upstream_port=port, name="differential-proxy")
         )
         proxied = proxied_kubeconfig(
-            behind_http, self._work_dir / "proxied.kubeconfig", self._proxy.url
+            behind_http, self.work_dir / "proxied.kubeconfig", self._proxy.url
         )
         self._oracle = await stack.enter_async_context(
             OracleProcess(
-                binary=self._oracle_binary,
+                binary=self.oracle_binary,
                 kubeconfig=proxied,
                 namespace=self.namespace,
                 selector=SELECTOR,
-                log_path=self._work_dir / "oracle.log",
+                log_path=self.work_dir / "oracle.log",
                 watch_list=config.oracle_watch_list,
             )
         )
         self._ours = await stack.enter_async_context(
-            self._ours_factory(
+            self.ours_factory(
                 OurLoopSettings(
                     kubeconfig=proxied,
                     namespace=self.namespace,
@@ -197,18 +188,18 @@ class Rig:
                 )
             )
         )
-        self._log(
+        self.log(
             f"differential: namespace {self.namespace}, clients on the {config.target} "
             f"apiserver through {self._proxy.url} and {self._http_proxy.url} (HTTP/1.1), "
             "writes through the other one; "
             f"oracle WatchListClient={'on' if config.oracle_watch_list else 'off'}, "
             f"ours streaming list={'on' if config.streaming_list else 'off'}; "
-            f"logs in {self._work_dir}"
+            f"logs in {self.work_dir}"
         )
 
     @property
     def _writer_kubeconfig(self) -> Path:
-        return self._kubeconfig("cached" if self._config.target == "uncached" else "uncached")
+        return self._kubeconfig("cached" if self.config.target == "uncached" else "uncached")
 
     def _kubeconfig(self, name: ApiServerName) -> Path:
         plane = self.plane

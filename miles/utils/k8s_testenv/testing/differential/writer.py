@@ -13,7 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from miles.utils.k8s_testenv.kwok import Kwok
@@ -56,37 +56,24 @@ def pod_labels(parent: str) -> dict[str, str]:
     return {SELECT_LABEL: "in", PARENT_LABEL: parent}
 
 
+@dataclass(kw_only=True, eq=False)
 class Writer:
     """`await writer.apply(op)` makes one seeded operation; `create`, `mutate` and `gather` are
     its parts, for the faults that write while they last."""
 
-    def __init__(
-        self,
-        *,
-        core: Any,
-        namespace: str,
-        config: HarnessConfig,
-        rng: random.Random,
-        stats: Stats,
-        kwok: Kwok | None,
-        kwok_unavailable: str,
-        churn: KubeletChurn | None,
-        churn_unavailable: str,
-        log: LogFn,
-    ) -> None:
-        self._core = core
-        self._namespace = namespace
-        self._config = config
-        self._rng = rng
-        self._stats = stats
-        self._kwok = kwok
-        self._kwok_unavailable = kwok_unavailable
-        self._churn = churn
-        self._churn_unavailable = churn_unavailable
-        self._log = log
-        self._model: dict[str, _ModelPod] = {}
-        self._created = 0
-        self._generation = 0
+    core: Any
+    namespace: str
+    config: HarnessConfig
+    rng: random.Random
+    stats: Stats
+    kwok: Kwok | None
+    kwok_unavailable: str
+    churn: KubeletChurn | None
+    churn_unavailable: str
+    log: LogFn
+    _model: dict[str, _ModelPod] = field(default_factory=dict, init=False)
+    _created: int = field(default=0, init=False)
+    _generation: int = field(default=0, init=False)
 
     async def apply(self, op: OpKind, *, quiet: bool = False) -> None:
         applied = await self._operation(op)
@@ -94,12 +81,12 @@ class Writer:
             return
         if not quiet:
             logger.info("applied %s to %d pod(s)", op.value, applied)
-        self._stats.ops[op] += 1
+        self.stats.ops[op] += 1
 
     async def ops_during_fault(self, count: int) -> None:
         light = [OpKind.RELABEL, OpKind.MOVE, OpKind.CREATE, OpKind.DELETE_NOW, OpKind.LEAVE]
         for _ in range(count):
-            await self.apply(self._rng.choice(light), quiet=True)
+            await self.apply(self.rng.choice(light), quiet=True)
 
     async def gather(self, work: Iterable[Awaitable[Any]]) -> list[Any]:
         gate = asyncio.Semaphore(_WRITE_CONCURRENCY)
@@ -113,15 +100,15 @@ class Writer:
     async def create(self, *, selected: bool = True) -> str:
         self._created += 1
         name = f"p-{self._created:05d}"
-        bound = self._kwok is not None and self._rng.random() < 0.5
+        bound = self.kwok is not None and self.rng.random() < 0.5
         pod = _ModelPod(parent=self._new_parent(), selected=selected, bound=bound)
         self._model[name] = pod
         spec: dict[str, Any] = {
             "terminationGracePeriodSeconds": 2,
             "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
         }
-        if bound and self._kwok is not None:
-            spec["nodeName"] = self._kwok.node_name
+        if bound and self.kwok is not None:
+            spec["nodeName"] = self.kwok.node_name
         else:
             spec["schedulerName"] = UNSCHEDULED
         labels = {
@@ -132,8 +119,8 @@ class Writer:
         await self._write(
             "create",
             name,
-            self._core.create_namespaced_pod,
-            self._namespace,
+            self.core.create_namespaced_pod,
+            self.namespace,
             {"metadata": {"name": name, "labels": labels}, "spec": spec},
         )
         return name
@@ -161,22 +148,22 @@ class Writer:
             await self._label_patch(name, {PARENT_LABEL: pod.parent})
         elif op is OpKind.DELETE_GRACEFUL:
             pod.terminating = True
-            await self._delete(name, grace=self._rng.randint(1, 3))
+            await self._delete(name, grace=self.rng.randint(1, 3))
         elif op is OpKind.DELETE_NOW:
             await self._delete(name, grace=0)
         else:
             raise ValueError(f"not a per-pod operation: {op}")
 
     async def _operation(self, op: OpKind) -> int | None:
-        rng = self._rng
+        rng = self.rng
         if op is OpKind.CREATE:
-            count = self._config.initial_pods if not self._model else rng.randint(1, 8)
+            count = self.config.initial_pods if not self._model else rng.randint(1, 8)
             await self.gather(self.create() for _ in range(count))
             return count
         if op is OpKind.BULK_CHURN:
             return await self._bulk_churn()
-        if op is OpKind.DELETE_GRACEFUL and self._kwok is None:
-            self._stats.skipped[op.value] = self._kwok_unavailable
+        if op is OpKind.DELETE_GRACEFUL and self.kwok is None:
+            self.stats.skipped[op.value] = self.kwok_unavailable
             return None
         if op in KUBELET_CHURN:
             return await self._kubelet_churn(op)
@@ -189,11 +176,11 @@ class Writer:
         return len(names)
 
     async def _kubelet_churn(self, op: OpKind) -> int | None:
-        churn = self._churn
+        churn = self.churn
         if churn is None:
-            if op.value not in self._stats.skipped:
-                self._log(f"differential: skipped {op.value}: {self._churn_unavailable}")
-            self._stats.skipped[op.value] = self._churn_unavailable
+            if op.value not in self.stats.skipped:
+                self.log(f"differential: skipped {op.value}: {self.churn_unavailable}")
+            self.stats.skipped[op.value] = self.churn_unavailable
             return None
         step = {
             OpKind.ENGINE_CRASH: churn.crash,
@@ -221,20 +208,20 @@ class Writer:
             return True
 
         names = sorted(name for name, pod in self._model.items() if eligible(pod))
-        return self._rng.sample(names, min(count, len(names)))
+        return self.rng.sample(names, min(count, len(names)))
 
     def _new_parent(self, current: str | None = None) -> str:
-        choices = [f"cell-{i}" for i in range(self._config.parents) if f"cell-{i}" != current]
-        return self._rng.choice(choices)
+        choices = [f"cell-{i}" for i in range(self.config.parents) if f"cell-{i}" != current]
+        return self.rng.choice(choices)
 
     async def _bulk_churn(self) -> int:
-        size = self._config.bulk_size
+        size = self.config.bulk_size
         created = await self.gather(self.create() for _ in range(size))
-        touched = self._rng.sample(created, size // 2)
+        touched = self.rng.sample(created, size // 2)
         await self.gather(self.mutate(OpKind.RELABEL, name) for name in touched)
-        moved = self._rng.sample(created, size // 4)
+        moved = self.rng.sample(created, size // 4)
         await self.gather(self.mutate(OpKind.MOVE, name) for name in moved)
-        doomed = self._rng.sample(created, size * 3 // 4)
+        doomed = self.rng.sample(created, size * 3 // 4)
         await self.gather(self.mutate(OpKind.DELETE_NOW, name) for name in doomed)
         return size + len(touched) + len(moved) + len(doomed)
 
@@ -242,9 +229,9 @@ class Writer:
         await self._write(
             "label patch",
             name,
-            self._core.patch_namespaced_pod,
+            self.core.patch_namespaced_pod,
             name,
-            self._namespace,
+            self.namespace,
             {"metadata": {"labels": dict(labels)}},
             _content_type=_MERGE_PATCH,
         )
@@ -274,9 +261,9 @@ class Writer:
         await self._write(
             "status patch",
             name,
-            self._core.patch_namespaced_pod_status,
+            self.core.patch_namespaced_pod_status,
             name,
-            self._namespace,
+            self.namespace,
             {"status": {"conditions": [condition]}},
             _content_type=_MERGE_PATCH,
         )
@@ -287,9 +274,9 @@ class Writer:
         await self._write(
             "delete",
             name,
-            self._core.delete_namespaced_pod,
+            self.core.delete_namespaced_pod,
             name,
-            self._namespace,
+            self.namespace,
             grace_period_seconds=grace,
         )
 
@@ -338,11 +325,9 @@ class Writer:
         deadline = time.monotonic() + 30.0
         remaining = set(names)
         while remaining:
-            if self._kwok is not None and (problem := self._kwok.failure()) is not None:
+            if self.kwok is not None and (problem := self.kwok.failure()) is not None:
                 raise HarnessAborted(f"KWOK died during a graceful delete: {problem}")
-            pods = await _raw(
-                self._core.list_namespaced_pod(self._namespace, _preload_content=False)
-            )
+            pods = await _raw(self.core.list_namespaced_pod(self.namespace, _preload_content=False))
             present = {pod["metadata"]["name"] for pod in pods["items"]}
             remaining &= present
             if remaining and time.monotonic() > deadline:
