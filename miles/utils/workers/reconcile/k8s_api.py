@@ -15,14 +15,18 @@ lazily, so the loop stays importable without the ``k8s`` extra.
 
 The contract's names stay importable from here (``PodListPage``, ``PodWatchEvent``,
 ``KubernetesPodApi``, ``exception_rejects_cursor``); each lives in its own module.
+
+``in_cluster_configuration`` is the client's configuration inside a pod (Go:
+``rest.InClusterConfig``).
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import aclosing, contextmanager
+from pathlib import Path
 from typing import Any
 
 from miles.utils.workers.reconcile.arguments import positive_finite
@@ -410,3 +414,50 @@ class KubernetesAsyncioLeaseApi:
         if not isinstance(lease, dict):
             raise KubernetesApiError(resp.status, "undecodable", f"{what}: not a JSON object")
         return lease
+
+
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where a pod's service account is mounted: ``token``, ``ca.crt`` and ``namespace``."""
+SERVICE_HOST, SERVICE_PORT = "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"
+
+
+class InClusterConfigError(Exception):
+    """The in-cluster configuration is incomplete; the message is one line naming what."""
+
+
+def in_cluster_possible(
+    environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
+) -> bool:
+    """Go: clientcmd's ``inClusterClientConfig.Possible``: the service's host and port are set and
+    the token file exists."""
+    token = service_account / "token"
+    return bool(environ.get(SERVICE_HOST)) and bool(environ.get(SERVICE_PORT)) and token.is_file()
+
+
+def in_cluster_configuration(
+    environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
+) -> Any:
+    """A ``kubernetes_asyncio`` ``Configuration`` from the service account: the server from
+    ``KUBERNETES_SERVICE_HOST``/``_PORT``, the token and CA from ``service_account``. The token file
+    is read again once a minute has passed since the last read, before the request that finds it
+    so (``kubernetes_asyncio``'s ``refresh_api_key_hook``; client-go's ``NewCachedFileTokenSource``
+    re-reads after 50 s, and at once after a 401), so a projected token rotated under a running
+    process is picked up. Go: ``rest.InClusterConfig``."""
+    from kubernetes_asyncio import client
+    from kubernetes_asyncio.config.config_exception import ConfigException
+    from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
+
+    configuration = client.Configuration()
+    loader = InClusterConfigLoader(
+        token_filename=str(service_account / "token"),
+        cert_filename=str(service_account / "ca.crt"),
+        try_refresh_token=True,
+        environ=dict(environ),
+    )
+    try:
+        loader.load_and_set(configuration)
+    except (ConfigException, OSError) as err:
+        raise InClusterConfigError(
+            f"in-cluster configuration ({service_account}): {str(err).rstrip('.')}"
+        ) from None
+    return configuration

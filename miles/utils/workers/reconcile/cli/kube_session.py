@@ -21,10 +21,9 @@ from miles.utils.workers.reconcile.cli.kubeconfig import (
     find_kubeconfig,
     resolve_context,
 )
+from miles.utils.workers.reconcile.k8s_api import SERVICE_ACCOUNT, SERVICE_HOST
 
 DEFAULT_NAMESPACE = "default"
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-"""Where a pod's service account is mounted: ``token``, ``ca.crt`` and ``namespace``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,34 +51,29 @@ async def _configure(
     temp_dir: str,
     service_account: Path = SERVICE_ACCOUNT,
 ) -> tuple[Any, str, str, str | None]:
+    """controller-runtime's order (``config.GetConfig``): ``--kubeconfig``; else, unless
+    ``KUBECONFIG`` is set (or ``--context`` names a kubeconfig context), the service account when
+    in a pod; else ``KUBECONFIG`` or ``~/.kube/config``."""
     from kubernetes_asyncio import client, config
     from kubernetes_asyncio.config.config_exception import ConfigException
-    from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
-    configuration = client.Configuration()
+    from miles.utils.workers.reconcile.k8s_api import in_cluster_possible
+
+    in_cluster_first = not (target.kubeconfig or target.context or environ.get("KUBECONFIG"))
+    if in_cluster_first and in_cluster_possible(environ, service_account):
+        return _in_cluster(target, environ, service_account)
     source = find_kubeconfig(target.kubeconfig, environ)
     if source is None:
-        if not environ.get("KUBERNETES_SERVICE_HOST"):
+        if not environ.get(SERVICE_HOST):
             raise CliError(
-                "no kubeconfig: pass --kubeconfig, set KUBECONFIG, create ~/.kube/config, "
-                "or run inside a cluster"
+                "no Kubernetes configuration: no kubeconfig (--kubeconfig, $KUBECONFIG,"
+                f" ~/.kube/config) and not in a pod ({SERVICE_HOST} unset,"
+                f" no {service_account / 'token'})"
             )
         if target.context:
             raise CliError(f"--context {target.context}: no kubeconfig to find it in")
-        loader = InClusterConfigLoader(
-            token_filename=str(service_account / "token"),
-            cert_filename=str(service_account / "ca.crt"),
-            environ=dict(environ),
-        )
-        try:
-            loader.load_and_set(configuration)
-        except ConfigException as err:
-            raise CliError(
-                f"in-cluster configuration ({service_account}): {str(err).rstrip('.')}; "
-                "pass --kubeconfig when not running in a pod"
-            ) from None
-        namespace = target.namespace or _service_account_namespace(service_account)
-        return configuration, namespace, str(configuration.host), None
+        return _in_cluster(target, environ, service_account)
+    configuration = client.Configuration()
     resolved = resolve_context(source, target.context)
     check_certificates(resolved)
     try:
@@ -94,6 +88,19 @@ async def _configure(
     return configuration, namespace, resolved.server, resolved.context
 
 
+def _in_cluster(
+    target: KubeTarget, environ: Mapping[str, str], service_account: Path
+) -> tuple[Any, str, str, str | None]:
+    from miles.utils.workers.reconcile.k8s_api import InClusterConfigError, in_cluster_configuration
+
+    try:
+        configuration = in_cluster_configuration(environ, service_account)
+    except InClusterConfigError as err:
+        raise CliError(f"{err}; pass --kubeconfig when not running in a pod") from None
+    namespace = target.namespace or _service_account_namespace(service_account)
+    return configuration, namespace, str(configuration.host), None
+
+
 def _service_account_namespace(service_account: Path) -> str:
     try:
         return (service_account / "namespace").read_text().strip() or DEFAULT_NAMESPACE
@@ -103,14 +110,16 @@ def _service_account_namespace(service_account: Path) -> str:
 
 @asynccontextmanager
 async def kube_session(
-    target: KubeTarget, environ: Mapping[str, str]
+    target: KubeTarget, environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
 ) -> AsyncIterator[KubeSession]:
     """A ``CoreV1Api`` on its own client session, closed on exit; the certificate data the client
-    writes to files lives in a temporary folder removed on exit."""
+    writes to files lives in a temporary folder removed on exit. ``service_account`` is where a
+    pod's service account is mounted."""
     from kubernetes_asyncio import client
 
     with tempfile.TemporaryDirectory(prefix="miles-reconcile-") as temp_dir:
-        configuration, namespace, server, context = await _configure(target, environ, temp_dir)
+        configured = await _configure(target, environ, temp_dir, service_account)
+        configuration, namespace, server, context = configured
         async with client.ApiClient(configuration=configuration) as api_client:
             yield KubeSession(client.CoreV1Api(api_client), namespace, server, context)
 

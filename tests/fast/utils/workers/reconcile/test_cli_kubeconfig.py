@@ -205,7 +205,13 @@ def test_every_bad_kubeconfig_is_one_line_naming_the_file_and_exit_2(
             {"KUBERNETES_SERVICE_HOST": "10.0.0.1"},
             "serviceaccount): Service host/port is not set; pass --kubeconfig",
         ),
-        ([], {}, "no kubeconfig: pass --kubeconfig, set KUBECONFIG"),
+        (
+            [],
+            {},
+            "no Kubernetes configuration: no kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config)"
+            " and not in a pod (KUBERNETES_SERVICE_HOST unset, no"
+            " /var/run/secrets/kubernetes.io/serviceaccount/token)",
+        ),
     ],
 )
 def test_missing_kubeconfigs_are_one_line_and_exit_2(
@@ -257,3 +263,41 @@ async def test_without_a_kubeconfig_inside_a_pod_the_service_account_is_used(
     assert flagged[1] == "mine"
     with pytest.raises(CliError, match="Service token file does not exist"):
         await _configure(KubeTarget(), environ, str(tmp_path), tmp_path / "none")
+
+
+HOME = {"home": {"cluster": "c", "user": "u"}}
+
+
+def _service_account(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "token").write_text("sa-token")
+    (folder / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    (folder / "namespace").write_text("team-ns\n")
+    return folder
+
+
+async def test_in_a_pod_the_service_account_comes_before_the_home_kubeconfig(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """controller-runtime's ``config.GetConfig`` order: ``--kubeconfig``; unless ``KUBECONFIG`` is
+    set, in-cluster; then ``KUBECONFIG`` or ``~/.kube/config``. A kubeconfig baked into an image's
+    home never overrides the pod's own service account."""
+    account = _service_account(tmp_path / "serviceaccount")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".kube").mkdir()
+    home_config = write(tmp_path / ".kube" / "config", kubeconfig(current="home", contexts=HOME))
+    in_pod = {
+        "HOME": str(tmp_path),
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "443",
+    }
+    found = await _configure(KubeTarget(), in_pod, str(tmp_path), account)
+    assert found[1:] == ("team-ns", "https://10.0.0.1:443", None)
+    explicit = await _configure(
+        KubeTarget(kubeconfig=str(home_config)), in_pod, str(tmp_path), account
+    )
+    assert explicit[3] == "home"
+    from_env = {**in_pod, "KUBECONFIG": str(home_config)}
+    assert (await _configure(KubeTarget(), from_env, str(tmp_path), account))[3] == "home"
+    outside = {"HOME": str(tmp_path)}
+    assert (await _configure(KubeTarget(), outside, str(tmp_path), account))[3] == "home"

@@ -1,0 +1,166 @@
+"""Layer k8s_apiserver: in-cluster configuration against the real etcd and kube-apiserver (watch
+cache on), with real ServiceAccount tokens from the TokenRequest API (the plane signs them with its
+service-account key; RBAC lets the account list and watch pods in its namespace only).
+
+A loop configured from a service-account folder (token, ca.crt, namespace) and
+KUBERNETES_SERVICE_HOST/_PORT keeps working when its token file is swapped for another valid
+token and the old one is revoked (its bound Secret deleted), across an apiserver restart that
+forces every request to authenticate again: the token file is re-read as client-go re-reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
+from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.source_event import ParentKey
+from tests.e2e.k8s_apiserver.harness import eventually
+
+ACCOUNT = "controller"
+AFTER_ROTATION_SECONDS = 150.0
+"""client-go and kubernetes_asyncio cache the token file for a minute; the reflector's backoff
+caps at 30 s: a re-read token is in use within about 90 s of the swap."""
+
+
+async def _admin(api: Any, namespace: str) -> None:
+    core: Any = client.CoreV1Api(api)
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": ACCOUNT}})
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    await rbac.create_namespaced_role(namespace, {"metadata": {"name": ACCOUNT}, "rules": [rule]})
+    binding = {
+        "metadata": {"name": ACCOUNT},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ACCOUNT},
+        "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": namespace}],
+    }
+    await rbac.create_namespaced_role_binding(namespace, binding)
+
+
+async def _bound_token(api: Any, namespace: str, secret: str) -> str:
+    """A token of the account bound to a Secret of its own: deleting the Secret revokes it."""
+    core: Any = client.CoreV1Api(api)
+    created = await core.create_namespaced_secret(namespace, {"metadata": {"name": secret}})
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "expirationSeconds": 3600,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "name": secret,
+                "uid": created.metadata.uid,
+            },
+        },
+    }
+    answer = await core.create_namespaced_service_account_token(ACCOUNT, namespace, request)
+    return str(answer.status.token)
+
+
+async def _rejected(url: str, ca_cert: Path, token: str, namespace: str) -> bool:
+    configuration = client.Configuration(host=url)
+    configuration.ssl_ca_cert = str(ca_cert)
+    configuration.api_key["BearerToken"] = f"Bearer {token}"
+    async with client.ApiClient(configuration) as api:
+        try:
+            await client.CoreV1Api(api).list_namespaced_pod(namespace, limit=1)
+        except ApiException as err:
+            if err.status == 401:
+                return True
+            raise
+    return False
+
+
+def _write_token(folder: Path, token: str) -> None:
+    """As the kubelet updates a projected volume: the new file is renamed over the old."""
+    fresh = folder / ".token.new"
+    fresh.write_text(token)
+    os.replace(fresh, folder / "token")
+
+
+def _create_pod(name: str, parent: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": parent}},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "main", "image": "busybox"}]},
+    }
+
+
+async def test_a_loop_keeps_working_when_its_token_is_rotated_and_the_old_one_revoked(
+    k8s_local_control_plane: LocalControlPlane,
+    k8s_namespace: str,
+    k8s_api_client: ApiClientFactory,
+    tmp_path: Path,
+) -> None:
+    plane = k8s_local_control_plane
+    url = plane.apiserver("cached").url
+    ca_cert = plane.credentials.ca_cert
+    async with k8s_api_client("cached") as admin:
+        await _admin(admin, k8s_namespace)
+        first = await _bound_token(admin, k8s_namespace, "token-a")
+        second = await _bound_token(admin, k8s_namespace, "token-b")
+        admin_core: Any = client.CoreV1Api(admin)
+        await admin_core.create_namespaced_pod(k8s_namespace, _create_pod("p1", "one"))
+
+        folder = tmp_path / "serviceaccount"
+        folder.mkdir()
+        _write_token(folder, first)
+        (folder / "ca.crt").write_bytes(ca_cert.read_bytes())
+        (folder / "namespace").write_text(k8s_namespace)
+        host, port = url.removeprefix("https://").rsplit(":", 1)
+        environ = {
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": port,
+        }
+
+        reconciled: list[ParentKey] = []
+
+        async def reconcile(parent: ParentKey) -> None:
+            reconciled.append(parent)
+
+        async with kube_session(KubeTarget(), environ, folder) as session:
+            assert (session.namespace, session.server) == (k8s_namespace, url)
+            pod_api = KubernetesAsyncioPodApi(core_v1_api=session.core_v1_api)
+            reflector = KubernetesReflector(
+                kube_client=pod_api, namespace=session.namespace, label_selector=""
+            )
+            loop = ReconcileLoop(
+                source=reflector.watch,
+                reconcile=reconcile,
+                key_map=lambda pod: pod.metadata.labels.get("app"),
+            )
+            async with loop:
+                await eventually(lambda: "one" in reconciled, what="the first pod reconciled")
+                _write_token(folder, second)
+                await admin_core.delete_namespaced_secret("token-a", k8s_namespace)
+                await _until_rejected(url, ca_cert, first, k8s_namespace)
+                assert not await _rejected(url, ca_cert, second, k8s_namespace)
+                plane.restart_apiserver("cached")
+                await admin_core.create_namespaced_pod(k8s_namespace, _create_pod("p2", "two"))
+                await eventually(
+                    lambda: "two" in reconciled,
+                    what="a pod created after the rotation reconciled",
+                    within=AFTER_ROTATION_SECONDS,
+                    context=lambda: repr(loop.status().source),
+                )
+                assert loop.status().error is None
+
+
+async def _until_rejected(url: str, ca_cert: Path, token: str, namespace: str) -> None:
+    """Token revocation reaches the apiserver's authenticator cache within seconds."""
+    for _ in range(120):
+        if await _rejected(url, ca_cert, token, namespace):
+            return
+        await asyncio.sleep(0.5)
+    raise AssertionError("the old token was still accepted 60 s after its Secret was deleted")
