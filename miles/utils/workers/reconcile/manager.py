@@ -183,7 +183,8 @@ class Manager:
         traceback: TracebackType | None,
     ) -> None:
         overran = await self._shut_down()
-        if overran and exc_type is None:
+        # Go: a zero GracefulShutdownTimeout cuts runnables short without an error.
+        if overran and exc_type is None and self._grace != 0:
             raise ManagerError(
                 f"failed waiting for all runnables to end within grace period of {self._grace}s"
             )

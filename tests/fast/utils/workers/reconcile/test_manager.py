@@ -367,3 +367,19 @@ async def test_a_manager_that_cannot_start_leaves_its_loops_stopped_and_no_task(
         first.request_stop()
     assert loop.status().stopped
     assert asyncio.all_tasks() <= before
+
+
+async def test_a_zero_grace_cuts_the_reconcile_without_an_error() -> None:
+    clock, source, gate = FakeClock(), FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    manager = Manager(
+        loops=[_loop(source, gate, clock)],
+        clock=clock,
+        health_probe_address="0",
+        metrics_address="0",
+        graceful_shutdown_timeout=0,
+    )
+    async with manager:
+        await _until(lambda: gate.started == ["a"])
+        manager.request_stop()
+    assert gate.cancelled == ["a"]
