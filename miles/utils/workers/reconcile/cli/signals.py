@@ -14,7 +14,7 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def on_stop_signals(handler: Callable[[int], None]) -> Iterator[None]:
+def _on_stop_signals(handler: Callable[[int], None]) -> Iterator[None]:
     """``handler(signum)`` runs on the event loop for SIGINT and SIGTERM while the block runs."""
     loop = asyncio.get_running_loop()
     for signum in _STOP_SIGNALS:
@@ -29,7 +29,7 @@ def on_stop_signals(handler: Callable[[int], None]) -> Iterator[None]:
 @contextlib.contextmanager
 def stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
     """SIGINT and SIGTERM set ``stop`` instead of raising, so teardown runs as ordinary code."""
-    with on_stop_signals(lambda signum: stop.set()):
+    with _on_stop_signals(lambda signum: stop.set()):
         yield
 
 
@@ -56,7 +56,7 @@ class SignalCancel:
                 self.received = signum
             task.cancel()
 
-        with on_stop_signals(on_signal):
+        with _on_stop_signals(on_signal):
             yield
 
     async def run(self, work: Awaitable[None]) -> int | None:
