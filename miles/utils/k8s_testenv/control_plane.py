@@ -50,7 +50,7 @@ class ControlPlane(Protocol):
 
     def snapshot_etcd(self) -> Path: ...
 
-    def restore_etcd(self, snapshot: Path) -> None: ...
+    def restore_etcd(self, snapshot: Path, *, stop_apiservers: bool = False) -> None: ...
 
 
 class ControlPlaneAddon(Protocol):
@@ -257,9 +257,20 @@ class LocalControlPlane:
         snapshots.mkdir(exist_ok=True)
         return self.etcd.snapshot(snapshots / f"snapshot-{len(list(snapshots.iterdir()))}")
 
-    def restore_etcd(self, snapshot: Path) -> None:
-        """Rolls etcd back to `snapshot`; the apiservers keep running and reconnect."""
-        self.etcd.restore(snapshot)
+    def restore_etcd(self, snapshot: Path, *, stop_apiservers: bool = False) -> None:
+        """Rolls etcd back to `snapshot`; the apiservers keep running and reconnect, or, with
+        `stop_apiservers`, are stopped before the restore and started after it (the documented
+        procedure: a running apiserver keeps serving what it cached)."""
+        apiservers = list(self._apiservers.values()) if stop_apiservers else []
+        for apiserver in apiservers:
+            apiserver.stop()
+        try:
+            self.etcd.restore(snapshot)
+        finally:
+            for apiserver in apiservers:
+                apiserver.process.launch()
+            for apiserver in apiservers:
+                apiserver.process.wait_ready()
 
 
 class ExternalControlPlane:
@@ -301,7 +312,7 @@ class ExternalControlPlane:
     def snapshot_etcd(self) -> Path:
         raise self._unsupported("taking an etcd snapshot")
 
-    def restore_etcd(self, snapshot: Path) -> None:
+    def restore_etcd(self, snapshot: Path, *, stop_apiservers: bool = False) -> None:
         raise self._unsupported("restoring etcd from a snapshot")
 
 

@@ -2,7 +2,7 @@
 
 Go counterpart: none. The TCP proxy cuts and silences connections, the HTTP proxy answers chosen
 statuses, corrupts chunks and black-holes connections, and the control plane restarts its
-apiserver and etcd and compacts history.
+apiserver and etcd, compacts history and restores etcd from a snapshot.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from miles.utils.k8s_testenv.http_fault_proxy import (
     Match,
     Respond,
 )
+from miles.utils.k8s_testenv.kwok import Kwok
 from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig, LogFn
 from miles.utils.k8s_testenv.testing.differential.lifecycle import Rig, server_address
 from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind
@@ -46,6 +47,8 @@ class Faults:
     rng: random.Random
     stats: Stats
     log: LogFn
+    kwok: Kwok | None = None
+    kubelet_churn: bool = False
 
     async def inject(self, fault: FaultKind) -> float | None:
         """Applies the fault and heals it; returns when it was healed, or None if skipped."""
@@ -64,6 +67,7 @@ class Faults:
             FaultKind.APISERVER_RESTART: self._restart_target_apiserver,
             FaultKind.COMPACT_410: self._compact_then_cut,
             FaultKind.ETCD_RESTART: self._stop_start_etcd,
+            FaultKind.ETCD_RESTORE: self._restore_etcd,
             FaultKind.CUT_MID_FRAME: self._cut_mid_frame,
             FaultKind.SILENT: self._go_silent,
             FaultKind.CORRUPT_CHUNK: self._corrupt_chunks,
@@ -97,9 +101,10 @@ class Faults:
 
     async def _corrupt_chunks(self) -> float:
         """The next chunk of every watch response, open or opened during the fault, is half a
-        frame and then a chunk-size line that is not hex, on a connection kept open; writes make
-        the chunks."""
-        with self._http_fault(WATCH, CorruptChunk()):
+        frame and then broken framing (a chunk-size line that is not hex, or chunk data past its
+        size, drawn by the seed), on a connection kept open; writes make the chunks."""
+        corruption = self.rng.choice([CorruptChunk(), CorruptChunk(framing="terminator")])
+        with self._http_fault(WATCH, corruption):
             await self.writer.ops_during_fault(_IN_FAULT_OPS)
             await asyncio.sleep(self.config.fault_seconds)
         return time.monotonic()
@@ -147,6 +152,33 @@ class Faults:
             await asyncio.to_thread(plane.start_etcd)
         healed_at = time.monotonic()
         await self.writer.ops_during_fault(_IN_FAULT_OPS)
+        return healed_at
+
+    async def _restore_etcd(self) -> float:
+        """etcd rolled back by the documented procedure: a snapshot (etcd stopped for the copy),
+        writes the rollback erases, every apiserver stopped, etcd restored, the apiservers started,
+        and then every client-go component restarted (KWOK and client-go's oracle: their caches
+        are ahead of the restored etcd, which no cursor can tell once writes pass it); healed once
+        the apiservers are back, and written at once. Ours is not restarted: it must see the
+        apiserver go and relist. Not with the real node, whose kubelet, scheduler and
+        controller-manager the procedure would also restart."""
+        if self.kubelet_churn:
+            raise FaultUnsupportedError(
+                "restoring etcd would leave the real node's kubelet, scheduler and "
+                "controller-manager ahead of etcd, and the soak does not restart them"
+            )
+        plane = self.rig.plane
+        snapshot = await asyncio.to_thread(plane.snapshot_etcd)
+        await self.writer.ops_during_fault(_IN_FAULT_OPS)
+        await asyncio.to_thread(plane.restore_etcd, snapshot, stop_apiservers=True)
+        healed_at = time.monotonic()
+        if self.kwok is not None:
+            await asyncio.to_thread(self.kwok.stop)
+            await asyncio.to_thread(self.kwok.start)
+        await self.rig.restart_oracle()
+        await self.writer.reread()
+        await self.writer.ops_during_fault(_IN_FAULT_OPS)
+        logger.warning("differential: etcd restored from %s", snapshot.name)
         return healed_at
 
     async def _cut_mid_frame(self) -> float:

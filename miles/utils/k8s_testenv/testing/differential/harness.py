@@ -156,6 +156,8 @@ class DifferentialHarness:
             rng=self._rng,
             stats=self.stats,
             log=self._log,
+            kwok=self._kwok,
+            kubelet_churn=churn is not None,
         )
         self.stats.backend = self._backend(churn)
         self._log(f"differential: pods run on {self.stats.backend}")

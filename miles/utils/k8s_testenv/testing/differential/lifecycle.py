@@ -123,6 +123,12 @@ class Rig:
     def target_kubeconfig(self) -> Path:
         return self._kubeconfig(self.config.target)
 
+    async def restart_oracle(self) -> None:
+        """A new client-go process in place of the oracle, as the etcd restore procedure restarts
+        every client-go component: a reflector cannot see a rollback its cursor has passed."""
+        await self.oracle.aclose()
+        await self.oracle.start()
+
     def check_alive(self) -> None:
         """Raises `HarnessAborted` naming the first process that died."""
         for what, problem in (

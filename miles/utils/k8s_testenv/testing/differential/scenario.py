@@ -47,6 +47,7 @@ class FaultKind(enum.StrEnum):
     APISERVER_RESTART = "apiserver-restart"
     COMPACT_410 = "compaction-410"
     ETCD_RESTART = "etcd-stop-start"
+    ETCD_RESTORE = "etcd-restore"
     CUT_MID_FRAME = "cut-mid-frame"
     SILENT = "silent-connection"
     WATCH_500 = "watch-500"

@@ -27,6 +27,7 @@ from miles.utils.k8s_testenv.testing.differential.stats import Stats
 logger = logging.getLogger(__name__)
 
 GEN_LABEL = "miles.diff/gen"
+_NAME_PREFIX = "p-"
 PROBE_CONDITION = "miles.diff/Probe"
 STAMP_CONDITION = "miles.diff/Stamp"
 UNSCHEDULED = "miles-diff-unscheduled"
@@ -49,6 +50,16 @@ class _ModelPod:
     selected: bool
     bound: bool
     terminating: bool = False
+
+
+def _model_of(item: Mapping[str, Any]) -> _ModelPod:
+    labels = item["metadata"].get("labels") or {}
+    return _ModelPod(
+        parent=labels.get(PARENT_LABEL) or None,
+        selected=labels.get(SELECT_LABEL) == "in",
+        bound=bool(item.get("spec", {}).get("nodeName")),
+        terminating="deletionTimestamp" in item["metadata"],
+    )
 
 
 def pod_labels(parent: str) -> dict[str, str]:
@@ -99,7 +110,7 @@ class Writer:
 
     async def create(self, *, selected: bool = True) -> str:
         self._created += 1
-        name = f"p-{self._created:05d}"
+        name = f"{_NAME_PREFIX}{self._created:05d}"
         bound = self.kwok is not None and self.rng.random() < 0.5
         pod = _ModelPod(parent=self._new_parent(), selected=selected, bound=bound)
         self._model[name] = pod
@@ -153,6 +164,16 @@ class Writer:
             await self._delete(name, grace=0)
         else:
             raise ValueError(f"not a per-pod operation: {op}")
+
+    async def reread(self) -> None:
+        """The model read again from the server, for after etcd was rolled back: what the
+        harness last wrote is then no longer what is there."""
+        body = await _raw(self.core.list_namespaced_pod(self.namespace, _preload_content=False))
+        self._model = {
+            item["metadata"]["name"]: _model_of(item)
+            for item in body["items"]
+            if item["metadata"]["name"].startswith(_NAME_PREFIX)
+        }
 
     async def _operation(self, op: OpKind) -> int | None:
         rng = self.rng
