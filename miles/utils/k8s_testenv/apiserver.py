@@ -7,10 +7,8 @@ from pathlib import Path
 from miles.utils.k8s_testenv.certs import Credentials
 from miles.utils.k8s_testenv.http import get_status, tls_context
 from miles.utils.k8s_testenv.kubeconfig import write_kubeconfig
-from miles.utils.k8s_testenv.ports import LOOPBACK
+from miles.utils.k8s_testenv.ports import LOOPBACK, SERVICE_CLUSTER_IP_RANGE
 from miles.utils.k8s_testenv.process import ManagedProcess
-
-SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 
 
 def apiserver_argv(

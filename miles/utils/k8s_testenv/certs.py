@@ -1,7 +1,8 @@
 """Certificates and credentials for loopback apiservers (Go: envtest's `internal/testing/certs`).
 
 Uses the `openssl` command line: a throwaway CA, a serving certificate for 127.0.0.1/localhost
-signed by it, a service-account signing key, and a static token file with one admin token and,
+(and the `kubernetes` Service's ClusterIP and names, which pods on the real node dial) signed by
+it, a service-account signing key, and a static token file with one admin token and,
 given a node name, the token of that node's kubelet (user `system:node:<name>`, group
 `system:nodes`, what the Node authorizer and NodeRestriction admission expect).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miles.utils.k8s_testenv.errors import PrerequisiteError
+from miles.utils.k8s_testenv.ports import KUBERNETES_SERVICE_IP
 
 ADMIN_USER = "admin"
 ADMIN_GROUP = "system:masters"
@@ -25,9 +27,17 @@ _SERVING_EXTENSIONS = """\
 basicConstraints = critical, CA:FALSE
 keyUsage = critical, digitalSignature, keyEncipherment
 extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectAltName = @alt_names
 authorityKeyIdentifier = keyid
 subjectKeyIdentifier = hash
+[alt_names]
+IP.1 = 127.0.0.1
+DNS.1 = localhost
+IP.2 = {service_ip}
+DNS.2 = kubernetes
+DNS.3 = kubernetes.default
+DNS.4 = kubernetes.default.svc
+DNS.5 = kubernetes.default.svc.cluster.local
 """
 
 
@@ -76,7 +86,9 @@ def generate_serving_pair(directory: Path) -> ServingPair:
         "req", "-new", *_EC_KEY, "-subj", "/CN=kube-apiserver",
         "-keyout", "serving.key", "-out", "serving.csr", cwd=directory,
     )  # fmt: skip
-    (directory / "serving.ext").write_text(_SERVING_EXTENSIONS)
+    (directory / "serving.ext").write_text(
+        _SERVING_EXTENSIONS.format(service_ip=KUBERNETES_SERVICE_IP)
+    )
     _openssl(
         "x509", "-req", "-in", "serving.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
         "-CAcreateserial", "-days", days, "-extfile", "serving.ext", "-out", "serving.crt",

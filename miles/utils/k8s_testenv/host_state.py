@@ -19,16 +19,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-SYSCTLS = (
-    "net.ipv4.ip_forward",
+KUBELET_START_SYSCTLS = (
     "vm.overcommit_memory",
     "kernel.panic",
     "kernel.panic_on_oops",
     "kernel.keys.root_maxkeys",
     "kernel.keys.root_maxbytes",
 )
-KUBELET_START_SYSCTLS = SYSCTLS[1:]
 """Set once when the kubelet starts (the bridge plugin sets ip_forward at each pod's setup)."""
+ROUTE_LOCALNET = "net.ipv4.conf.all.route_localnet"
+"""Set by the real node so the `kubernetes` Service's DNAT to the loopback apiserver routes (what
+kube-proxy sets for its localhost NodePorts)."""
+SYSCTLS = ("net.ipv4.ip_forward", ROUTE_LOCALNET, *KUBELET_START_SYSCTLS)
 
 HOST_PATHS = (
     "/run/containerd",

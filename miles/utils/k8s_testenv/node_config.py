@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from miles.utils.k8s_testenv.node_images import PAUSE_IMAGE
-from miles.utils.k8s_testenv.ports import LOOPBACK
+from miles.utils.k8s_testenv.ports import KUBERNETES_SERVICE_IP, LOOPBACK
 
 CNI_NETWORK = "milescni"
+NFT_TABLE = "milesnode"
 CNI_BRIDGE = "milescni0"
 POD_SUBNET = "10.244.0.0/24"
 MAX_RESTART_BACKOFF = "5s"
@@ -210,3 +211,15 @@ def controller_manager_argv(
         "--allocate-node-cidrs=false",
         "--controllers=*,-bootstrapsigner,-tokencleaner,-csrsigning,-csrapproving,-csrcleaner",
     ]
+
+
+def kubernetes_service_nft(*, apiserver_port: int) -> str:
+    """An nftables table sending the `kubernetes` Service's ClusterIP:443 to the loopback apiserver
+    (needs `route_localnet`, as kube-proxy's localhost NodePorts do)."""
+    return f"""table ip {NFT_TABLE} {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    ip daddr {KUBERNETES_SERVICE_IP} tcp dport 443 dnat to {LOOPBACK}:{apiserver_port}
+  }}
+}}
+"""

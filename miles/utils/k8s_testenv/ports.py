@@ -6,6 +6,10 @@ import contextlib
 import socket
 
 LOOPBACK = "127.0.0.1"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+KUBERNETES_SERVICE_IP = "10.0.0.1"
+"""The `kubernetes` Service's ClusterIP (the range's first address), which pods' in-cluster
+configuration dials (`KUBERNETES_SERVICE_HOST`); in the serving certificate, as kubeadm puts it."""
 
 
 def free_ports(count: int) -> list[int]:

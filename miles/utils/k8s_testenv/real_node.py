@@ -4,8 +4,9 @@ without systemd or a registry).
 
 The kubelet registers this host (node name = hostname) under its own identity
 (`system:node:<hostname>`, Node authorization); the scheduler binds pods that name no node, and
-the controller manager creates service accounts and runs Deployments and StatefulSets. Pods use
-the images built here (`node_images`), never pulled.
+the controller manager creates service accounts and runs Deployments and StatefulSets. Pods reach
+the apiserver at the `kubernetes` Service's ClusterIP (one nftables DNAT rule, kube-proxy's job).
+Pods use the images built here (`node_images`), never pulled.
 
 Start-up refuses, in one line, when a prerequisite is missing (root, the Debian packages, cgroups,
 overlayfs), when another real node runs on the machine, or when a killed run's node is still on
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -32,7 +34,12 @@ from typing import TYPE_CHECKING, Any
 from miles.utils.k8s_testenv.binaries import NodeBinaryPaths, ensure_node_binaries
 from miles.utils.k8s_testenv.certs import Credentials
 from miles.utils.k8s_testenv.errors import PrerequisiteError
-from miles.utils.k8s_testenv.host_state import KUBELET_START_SYSCTLS, HostSnapshot
+from miles.utils.k8s_testenv.host_state import (
+    KUBELET_START_SYSCTLS,
+    ROUTE_LOCALNET,
+    HostSnapshot,
+    write_sysctl,
+)
 from miles.utils.k8s_testenv.http import get_status
 from miles.utils.k8s_testenv.kubeconfig import write_kubeconfig
 from miles.utils.k8s_testenv.kwok import ApiAccess
@@ -43,6 +50,7 @@ from miles.utils.k8s_testenv.node_config import (
     controller_manager_argv,
     kubelet_argv,
     kubelet_configuration,
+    kubernetes_service_nft,
     scheduler_argv,
 )
 from miles.utils.k8s_testenv.node_images import write_image_archives
@@ -211,6 +219,7 @@ class RealNode:
         self._start_kubelet()
         # The kubelet sets these once at start-up (KernelTunableModify); nothing needs them.
         self._snapshot.restore_sysctls(KUBELET_START_SYSCTLS)
+        self._route_kubernetes_service()
         self._start_controllers()
         self._wait_schedulable()
 
@@ -289,11 +298,15 @@ class RealNode:
 
     def _import_images(self) -> None:
         for archive in write_image_archives(self.binaries, self.layout.root / "images"):
-            result = self._ctr("images", "import", str(archive))
-            if result.returncode != 0:
-                raise PrerequisiteError(
-                    f"ctr images import {archive} failed: {result.stderr.strip() or result.stdout}"
-                )
+            self.import_image(archive)
+
+    def import_image(self, archive: Path) -> None:
+        """`ctr images import` of an OCI archive into the node's containerd (`oci_image`)."""
+        result = self._ctr("images", "import", str(archive), timeout=300.0)
+        if result.returncode != 0:
+            raise PrerequisiteError(
+                f"ctr images import {archive} failed: {result.stderr.strip() or result.stdout}"
+            )
 
     def _start_kubelet(self) -> None:
         argv = kubelet_argv(self.layout, binary=self.binaries.kubelet)
@@ -315,6 +328,17 @@ class RealNode:
         node = self._node() or {}
         conditions = node.get("status", {}).get("conditions") or []
         return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    def _route_kubernetes_service(self) -> None:
+        """What kube-proxy does for the `kubernetes` Service, reduced to one rule: a pod dialing
+        its ClusterIP (`KUBERNETES_SERVICE_HOST`) reaches the loopback apiserver, whose certificate
+        names that IP; the table and the sysctl are undone with the host snapshot."""
+        port = urllib.parse.urlsplit(self.server).port
+        write_sysctl(ROUTE_LOCALNET, "1")
+        rules = kubernetes_service_nft(apiserver_port=port or 443)
+        result = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise PrerequisiteError(f"nft could not route the kubernetes Service: {result.stderr}")
 
     def _start_controllers(self) -> None:
         scheduler_port, manager_port = free_ports(2)

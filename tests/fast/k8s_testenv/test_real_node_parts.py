@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import io
+import ipaddress
 import json
 import os
+import subprocess
+import sys
 import tarfile
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from miles.utils.k8s_testenv import EnvSettings, PrerequisiteError
+from miles.utils.k8s_testenv import EnvSettings, PrerequisiteError, python_image
 from miles.utils.k8s_testenv.binaries import (
     NODE_BINARIES,
     PLANE_BINARIES,
@@ -22,16 +25,25 @@ from miles.utils.k8s_testenv.binaries import (
     ensure_tool_binary,
     ldflags,
 )
-from miles.utils.k8s_testenv.host_state import HostSnapshot
+from miles.utils.k8s_testenv.certs import generate_serving_pair
+from miles.utils.k8s_testenv.host_state import (
+    KUBELET_START_SYSCTLS,
+    ROUTE_LOCALNET,
+    SYSCTLS,
+    HostSnapshot,
+)
 from miles.utils.k8s_testenv.node_config import (
     NodeLayout,
     cni_conflist,
     containerd_toml,
     kubelet_configuration,
+    kubernetes_service_nft,
 )
 from miles.utils.k8s_testenv.node_images import ENGINE_IMAGE, PAUSE_IMAGE
 from miles.utils.k8s_testenv.node_lock import NodeLock
 from miles.utils.k8s_testenv.oci_image import ImageSpec, write_oci_archive
+from miles.utils.k8s_testenv.ports import KUBERNETES_SERVICE_IP, SERVICE_CLUSTER_IP_RANGE
+from miles.utils.k8s_testenv.python_image import shared_libraries
 from miles.utils.k8s_testenv.real_node import check_prerequisites
 
 
@@ -183,3 +195,42 @@ def test_real_node_without_root_says_what_to_do(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(PrerequisiteError, match=r"needs root .* MILES_K8S_NODE=kwok"):
         check_prerequisites()
+
+
+def test_the_kubernetes_service_reaches_the_loopback_apiserver_and_the_certificate_names_it(
+    tmp_path: Path,
+) -> None:
+    network = ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE)
+    assert str(network[1]) == KUBERNETES_SERVICE_IP
+    rules = kubernetes_service_nft(apiserver_port=41234)
+    assert f"ip daddr {KUBERNETES_SERVICE_IP} tcp dport 443 dnat to 127.0.0.1:41234" in rules
+    assert "hook prerouting" in rules
+    assert ROUTE_LOCALNET in SYSCTLS
+    assert ROUTE_LOCALNET not in KUBELET_START_SYSCTLS
+    pair = generate_serving_pair(tmp_path)
+    names = subprocess.run(
+        ["openssl", "x509", "-in", str(pair.serving_cert), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in ("IP Address:127.0.0.1", f"IP Address:{KUBERNETES_SERVICE_IP}"):
+        assert name in names
+    assert "DNS:kubernetes.default.svc" in names
+
+
+def test_the_python_image_finds_the_interpreters_libraries_and_skips_the_test_suite(
+    tmp_path: Path,
+) -> None:
+    interpreter = Path(os.path.realpath(sys.executable))
+    libraries = shared_libraries(interpreter)
+    assert any(library.name.startswith("libc.so") for library in libraries)
+    assert all(library.is_absolute() for library in libraries)
+    stdlib = tmp_path / "lib"
+    for name in ("os.py", "test/test_os.py", "encodings/utf_8.py", "site-packages/x.py"):
+        (stdlib / name).parent.mkdir(parents=True, exist_ok=True)
+        (stdlib / name).write_text("")
+    (stdlib / "__pycache__").mkdir()
+    (stdlib / "__pycache__" / "os.cpython-311.pyc").write_bytes(b"")
+    files = sorted(str(p.relative_to(stdlib)) for p in python_image._stdlib_files(stdlib))
+    assert files == ["encodings/utf_8.py", "os.py"]
