@@ -245,7 +245,14 @@ async def until(probe: Probe[Any], **options: Any) -> Any:
     return await eventually(probe, **options)
 
 
-def _released_once_each(logs: Logs, names: tuple[str, ...]) -> None:
+async def _released_once_each(logs: Logs, names: tuple[str, ...]) -> None:
+    """Once each release line is in (the log stream trails the apiserver), each is there once."""
+    await until(
+        lambda: {pod for _, pod in logs.matching(RELEASED)} >= set(names),
+        what=f"the release lines of {names}",
+        timeout_seconds=30.0,
+        seen=logs.dump,
+    )
     released = [pod for _, pod in logs.matching(RELEASED)]
     for name in names:
         assert released.count(name) == 1, (
@@ -314,7 +321,7 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
             timeout_seconds=SECONDS,
             seen=cluster.logs.dump,
         )
-        _released_once_each(cluster.logs, first)
+        await _released_once_each(cluster.logs, first)
         assert {pod for pod, _ in cluster.logs.matching(RELEASED)} == {leader}
 
         # Deleting the leader hands over within the bound.
@@ -371,7 +378,7 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
             seen=cluster.logs.dump,
         )
         for names in (first, second, third):
-            _released_once_each(cluster.logs, names)
+            await _released_once_each(cluster.logs, names)
         _one_holder_at_a_time(cluster.holders)
         intervals = _leading_intervals(cluster.logs)
         for (_, end, pod), (start, _, other) in itertools.pairwise(intervals):
@@ -388,7 +395,9 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
         await cluster.rbac.replace_namespaced_role("colocate-pairing", NAMESPACE, without_patch)
         holder = await cluster.holder()
         await cluster.create_pair("trainer-d", ("infer-d0",))
-        forbidden = re.compile(r"(patch of pod colocate-pairing/infer-d0 forbidden.*)")
+        forbidden = re.compile(
+            r"ERROR colocate_pairing: (patch of pod colocate-pairing/infer-d0 forbidden.*)"
+        )
         await until(
             lambda: cluster.logs.matching(forbidden) or None,
             what="a forbidden line",
@@ -408,4 +417,4 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
             timeout_seconds=2 * SECONDS,
             seen=cluster.logs.dump,
         )
-        _released_once_each(cluster.logs, ("infer-d0",))
+        await _released_once_each(cluster.logs, ("infer-d0",))
