@@ -515,6 +515,12 @@ def broken_chunk(*frames: bytes, close: bool) -> Handler:
     """Writes ``frames`` as proper chunks, then a chunk whose size line promises more bytes than
     follow; then closes the socket, or (``close=False``) holds it open and silent, as a proxy or a
     peer gone without a FIN does."""
+    return chunks_then_raw(*frames, raw=b'ffff\r\n{"type":"ADDED","obj', close=close)
+
+
+def chunks_then_raw(*frames: bytes, raw: bytes, close: bool, half: bytes = b"") -> Handler:
+    """Writes ``frames`` and then ``half`` as proper chunks (``half`` in a read of its own), then
+    ``raw`` as it is; then closes the socket, or (``close=False``) holds it open and silent."""
 
     async def respond(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse()
@@ -523,9 +529,12 @@ def broken_chunk(*frames: bytes, close: bool) -> Handler:
         await resp.prepare(request)
         for data in frames:
             await resp.write(data)
+        if half:
+            await resp.write(half)
+            await asyncio.sleep(0.05)
         transport = request.transport
         assert transport is not None
-        transport.write(b'ffff\r\n{"type":"ADDED","obj')
+        transport.write(raw)
         await asyncio.sleep(0.05 if close else 3600.0)
         transport.close()
         return resp
@@ -592,23 +601,7 @@ def malformed_chunk(*frames: bytes, breakage: bytes) -> Handler:
     """Writes ``frames`` as proper chunks, then half of one more as a proper chunk, then, in a
     later write, ``breakage`` (bytes that are no chunked framing); then holds the socket open
     and silent, as the HTTP fault proxy's ``CorruptChunk`` does."""
-
-    async def respond(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        resp.content_type = "application/json"
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        for data in frames:
-            await resp.write(data)
-        await resp.write(b'{"type":"ADDED","obj')
-        await asyncio.sleep(0.05)
-        transport = request.transport
-        assert transport is not None
-        transport.write(breakage)
-        await asyncio.sleep(3600.0)
-        return resp
-
-    return respond
+    return chunks_then_raw(*frames, half=b'{"type":"ADDED","obj', raw=breakage, close=False)
 
 
 _MALFORMED = {
