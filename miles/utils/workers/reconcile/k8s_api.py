@@ -23,15 +23,19 @@ The contract's names stay importable from here (``PodListPage``, ``PodWatchEvent
 from __future__ import annotations
 
 import errno
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import aclosing, contextmanager
+from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 from miles.utils.workers.reconcile.arguments import positive_finite
 from miles.utils.workers.reconcile.k8s_errors import (
+    ConnectionFailure,
+    InClusterConfigError,
     KubernetesApiError,
+    KubernetesConfigError,
     KubernetesConnectionError,
     exception_rejects_cursor,
     parse_retry_after,
@@ -304,27 +308,102 @@ def _failing_when_cut_off(resp: Any) -> Iterator[None]:
 
 @contextmanager
 def _translated(what: str) -> Iterator[None]:
-    """aiohttp's and asyncio's transport exceptions as ``KubernetesConnectionError``."""
-    import aiohttp
-    from aiohttp.http_exceptions import HttpProcessingError
-
+    """The client's, aiohttp's and asyncio's exceptions as our own (``_translation``)."""
     try:
         yield
-    except aiohttp.ClientConnectorError as err:
-        refused = err.os_error.errno == errno.ECONNREFUSED
-        raise KubernetesConnectionError(
-            f"{what}: connection {'refused' if refused else 'failed'}: {err}", refused=refused
-        ) from err
-    except aiohttp.ClientPayloadError as err:
-        raise KubernetesConnectionError(f"{what} cut short: {err}") from err
-    except HttpProcessingError as err:  # the pure-Python parser's, on a malformed body
-        raise KubernetesConnectionError(f"{what} cut short: {_malformed(err)}") from err
-    except TimeoutError as err:
-        raise KubernetesConnectionError(f"{what} ended by its client deadline: {err}") from err
-    except aiohttp.ClientError as err:
+    except Exception as err:
+        ours = _translation(what, err)
+        if ours is None:
+            raise
+        raise ours from err
+
+
+def as_kubernetes_error(exc: BaseException) -> Exception | None:
+    """Our own error for an exception of ``kubernetes_asyncio`` or aiohttp raised outside this
+    module (a request made on a ``CoreV1Api`` directly, say), so that a caller describes only
+    ours; ``None`` for any other exception, or when the client is not installed."""
+    if isinstance(exc, TimeoutError) or not isinstance(exc, Exception):
+        return None
+    try:
+        return _translation("request", exc)
+    except ImportError:
+        return None
+
+
+def _translation(what: str, err: Exception) -> Exception | None:
+    """``err`` as ``KubernetesConnectionError`` (aiohttp's transport errors and asyncio's
+    deadline), ``KubernetesApiError`` (``ApiException``) or ``KubernetesConfigError``
+    (``ConfigException``); ``None`` if it is none of those."""
+    import aiohttp
+    from aiohttp.http_exceptions import HttpProcessingError
+    from kubernetes_asyncio.client.exceptions import ApiException
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    if isinstance(err, aiohttp.ClientConnectorError):
+        kind, reason = _connector_failure(err)
+        refused = kind is ConnectionFailure.REFUSED
+        return KubernetesConnectionError(
+            f"{what}: connection {'refused' if refused else 'failed'}: {err}",
+            kind=kind,
+            server=f"{err.host}:{err.port}",
+            reason=reason,
+        )
+    if isinstance(err, aiohttp.ClientPayloadError):
+        return KubernetesConnectionError(f"{what} cut short: {err}", reason=_text(err))
+    if isinstance(err, HttpProcessingError):  # the pure-Python parser's, on a malformed body
+        return KubernetesConnectionError(f"{what} cut short: {_malformed(err)}")
+    if isinstance(err, TimeoutError):
+        return KubernetesConnectionError(
+            f"{what} ended by its client deadline: {err}", kind=ConnectionFailure.TIMEOUT
+        )
+    if isinstance(err, aiohttp.ClientError):
         if isinstance(err.__cause__, HttpProcessingError):  # broken before the head was handed on
-            raise KubernetesConnectionError(f"{what} failed: {_malformed(err.__cause__)}") from err
-        raise KubernetesConnectionError(f"{what} failed: {type(err).__name__}: {err}") from err
+            message = f"{what} failed: {_malformed(err.__cause__)}"
+        else:
+            message = f"{what} failed: {type(err).__name__}: {err}"
+        return KubernetesConnectionError(message, reason=_text(err))
+    if isinstance(err, ApiException):
+        return KubernetesApiError(err.status, err.reason or "", _status_message(err.body) or "")
+    if isinstance(err, ConfigException):
+        return KubernetesConfigError(str(err))
+    return None
+
+
+def _connector_failure(err: Any) -> tuple[ConnectionFailure, str]:
+    import aiohttp
+
+    if isinstance(err, aiohttp.ClientConnectorCertificateError):
+        return ConnectionFailure.TLS_VERIFICATION, _ssl_reason(err.certificate_error)
+    if isinstance(err, aiohttp.ClientConnectorSSLError):
+        return ConnectionFailure.TLS_HANDSHAKE, _ssl_reason(err.os_error)
+    os_error = err.os_error
+    reason = os_error.strerror or str(os_error) or type(os_error).__name__
+    if os_error.errno == errno.ECONNREFUSED:
+        return ConnectionFailure.REFUSED, reason
+    return ConnectionFailure.UNREACHABLE, reason
+
+
+def _ssl_reason(err: BaseException) -> str:
+    reason = getattr(err, "verify_message", None) or getattr(err, "reason", None)
+    return str(reason or err or type(err).__name__)
+
+
+def _text(err: BaseException) -> str:
+    return str(err) or type(err).__name__
+
+
+def _status_message(body: Any) -> str | None:
+    """The ``message`` of an ``ApiException``'s Status body, or the body's first line."""
+    if isinstance(body, bytes | bytearray):
+        body = body.decode(errors="replace")
+    if not isinstance(body, str) or not body:
+        return None
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body.strip().splitlines()[0]
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) else None
 
 
 def _malformed(err: Any) -> str:
@@ -421,10 +500,6 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVICE_HOST, SERVICE_PORT = "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"
 
 
-class InClusterConfigError(Exception):
-    """The in-cluster configuration is incomplete; the message is one line naming what."""
-
-
 def in_cluster_possible(
     environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
 ) -> bool:
@@ -461,3 +536,29 @@ def in_cluster_configuration(
             f"in-cluster configuration ({service_account}): {str(err).rstrip('.')}"
         ) from None
     return configuration
+
+
+async def kubeconfig_configuration(kubeconfig: Mapping[str, Any], temp_dir: str) -> Any:
+    """A ``kubernetes_asyncio`` ``Configuration`` for a kubeconfig already resolved to one context;
+    certificate data it carries inline is written to files in ``temp_dir``.
+    Go: ``clientcmd.ClientConfig``. Raises ``KubernetesConfigError``."""
+    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    configuration = client.Configuration()
+    try:
+        await config.load_kube_config_from_dict(
+            kubeconfig, client_configuration=configuration, temp_file_path=temp_dir
+        )
+    except ConfigException as err:
+        raise KubernetesConfigError(str(err)) from None
+    return configuration
+
+
+@asynccontextmanager
+async def core_v1_api_session(configuration: Any) -> AsyncIterator[Any]:
+    """A ``CoreV1Api`` on its own ``ApiClient`` (connection pool, credentials), closed on exit."""
+    from kubernetes_asyncio import client
+
+    async with client.ApiClient(configuration=configuration) as api_client:
+        yield client.CoreV1Api(api_client)

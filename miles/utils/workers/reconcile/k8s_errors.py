@@ -2,8 +2,10 @@
 Go: apimachinery ``pkg/api/errors`` (``apierrors``) plus ``utilnet.IsConnectionRefused``.
 
 The errors are our own, whatever the transport: ``KubernetesApiError`` (a non-2xx answer),
-``KubernetesConnectionError`` (below HTTP) and ``FrameDecodeError`` (bytes that do not decode).
-``k8s_api`` translates its HTTP client's exceptions into them where they arise.
+``KubernetesConnectionError`` (below HTTP, with its ``ConnectionFailure`` kind and the server's
+address), ``KubernetesConfigError`` (a configuration the client cannot load) and
+``FrameDecodeError`` (bytes that do not decode). ``k8s_api`` translates its client's exceptions
+into them where they arise, so nothing else needs to know the client's.
 
 Two rules classify a failed LIST or WATCH for the reflector, whoever raised it:
 ``exception_rejects_cursor`` (only a relist recovers; Go's ``isExpiredError`` and
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterator
+from enum import StrEnum
 
 from pydantic import ValidationError
 
@@ -75,14 +78,69 @@ class KubernetesApiError(Exception):
         return status_rejects_cursor(self.code, self.reason)
 
 
+class ConnectionFailure(StrEnum):
+    """What broke below HTTP, as much as a person needs to act on it."""
+
+    REFUSED = "refused"
+    """Nothing listens at the address (``ECONNREFUSED``)."""
+    UNREACHABLE = "unreachable"
+    """The connection could not be made for another reason (no route, a name that resolves to
+    nothing, ...)."""
+    TLS_VERIFICATION = "tls-verification"
+    """The server's certificate did not verify against the configured certificate authority."""
+    TLS_HANDSHAKE = "tls-handshake"
+    """The TLS handshake failed otherwise (a plain-HTTP port, a bad client certificate, ...)."""
+    TIMEOUT = "timeout"
+    """A client deadline ended the request."""
+    IDLE = "idle"
+    """A watch delivered no byte within its read-idle deadline."""
+    BROKEN = "broken"
+    """The connection broke, was cut mid-body, or its response was malformed."""
+
+
 class KubernetesConnectionError(ConnectionError):
     """A LIST or WATCH that failed below HTTP: the connection was refused (``refused``), could not
-    be made, broke, was cut mid-body, or went silent past its read deadline (``idle``)."""
+    be made, broke, was cut mid-body, or went silent past its read deadline (``idle``).
 
-    def __init__(self, message: str, *, refused: bool = False, idle: bool = False) -> None:
+    ``kind`` says which (``refused=True`` and ``idle=True`` are shorthands for its two values the
+    reflector reads); ``server`` is the ``host:port`` it was talking to when the transport knows
+    it, and ``reason`` the underlying failure's own text (the TLS library's verification message,
+    the socket's ``strerror``), without the request's name. Go: ``net.OpError``, ``url.Error``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        refused: bool = False,
+        idle: bool = False,
+        kind: ConnectionFailure | None = None,
+        server: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         super().__init__(message)
-        self.refused = refused
-        self.idle = idle
+        if kind is None:
+            kind = (
+                ConnectionFailure.REFUSED
+                if refused
+                else ConnectionFailure.IDLE
+                if idle
+                else ConnectionFailure.BROKEN
+            )
+        self.kind = kind
+        self.server = server
+        self.reason = reason
+        self.refused = kind is ConnectionFailure.REFUSED
+        self.idle = kind is ConnectionFailure.IDLE
+
+
+class KubernetesConfigError(Exception):
+    """A kubeconfig or an in-cluster configuration the client could not load or use.
+    Go: ``clientcmd``'s and ``rest.InClusterConfig``'s errors."""
+
+
+class InClusterConfigError(KubernetesConfigError):
+    """The in-cluster configuration is incomplete; the message is one line naming what."""
 
 
 def status_rejects_cursor(code: int | None, reason: str | None) -> bool:

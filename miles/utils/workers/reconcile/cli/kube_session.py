@@ -2,7 +2,8 @@
 ``clientcmd.DeferredLoadingClientConfig`` (``ClientConfig``, ``Namespace``) plus
 ``rest.InClusterConfig``.
 
-``kubernetes_asyncio`` is imported inside the functions: the runtime stays importable without it.
+The client itself is reached only through ``k8s_api`` (``in_cluster_configuration``,
+``kubeconfig_configuration``, ``core_v1_api_session``), whose errors are our own.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from miles.utils.workers.reconcile.cli.kubeconfig import (
     find_kubeconfig,
     resolve_context,
 )
-from miles.utils.workers.reconcile.k8s_api import SERVICE_ACCOUNT, SERVICE_HOST
+from miles.utils.workers.reconcile.k8s_api import (
+    SERVICE_ACCOUNT,
+    SERVICE_HOST,
+    core_v1_api_session,
+    in_cluster_configuration,
+    in_cluster_possible,
+    kubeconfig_configuration,
+)
+from miles.utils.workers.reconcile.k8s_errors import InClusterConfigError, KubernetesConfigError
 
 DEFAULT_NAMESPACE = "default"
 
@@ -54,11 +63,6 @@ async def _configure(
     """controller-runtime's order (``config.GetConfig``): ``--kubeconfig``; else, unless
     ``KUBECONFIG`` is set (or ``--context`` names a kubeconfig context), the service account when
     in a pod; else ``KUBECONFIG`` or ``~/.kube/config``."""
-    from kubernetes_asyncio import client, config
-    from kubernetes_asyncio.config.config_exception import ConfigException
-
-    from miles.utils.workers.reconcile.k8s_api import in_cluster_possible
-
     in_cluster_first = not (target.kubeconfig or target.context or environ.get("KUBECONFIG"))
     if in_cluster_first and in_cluster_possible(environ, service_account):
         return _in_cluster(target, environ, service_account)
@@ -73,14 +77,11 @@ async def _configure(
         if target.context:
             raise CliError(f"--context {target.context}: no kubeconfig to find it in")
         return _in_cluster(target, environ, service_account)
-    configuration = client.Configuration()
     resolved = resolve_context(source, target.context)
     check_certificates(resolved)
     try:
-        await config.load_kube_config_from_dict(
-            resolved.config, client_configuration=configuration, temp_file_path=temp_dir
-        )
-    except ConfigException as err:
+        configuration = await kubeconfig_configuration(resolved.config, temp_dir)
+    except KubernetesConfigError as err:
         raise KubeconfigError(
             f"kubeconfig {source.shown}: context {resolved.context!r}: {err}"
         ) from None
@@ -91,8 +92,6 @@ async def _configure(
 def _in_cluster(
     target: KubeTarget, environ: Mapping[str, str], service_account: Path
 ) -> tuple[Any, str, str, str | None]:
-    from miles.utils.workers.reconcile.k8s_api import InClusterConfigError, in_cluster_configuration
-
     try:
         configuration = in_cluster_configuration(environ, service_account)
     except InClusterConfigError as err:
@@ -115,13 +114,11 @@ async def kube_session(
     """A ``CoreV1Api`` on its own client session, closed on exit; the certificate data the client
     writes to files lives in a temporary folder removed on exit. ``service_account`` is where a
     pod's service account is mounted."""
-    from kubernetes_asyncio import client
-
     with tempfile.TemporaryDirectory(prefix="miles-reconcile-") as temp_dir:
         configured = await _configure(target, environ, temp_dir, service_account)
         configuration, namespace, server, context = configured
-        async with client.ApiClient(configuration=configuration) as api_client:
-            yield KubeSession(client.CoreV1Api(api_client), namespace, server, context)
+        async with core_v1_api_session(configuration) as api:
+            yield KubeSession(api, namespace, server, context)
 
 
 @asynccontextmanager

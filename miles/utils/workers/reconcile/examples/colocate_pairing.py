@@ -36,6 +36,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miles.utils.workers.k8s_types import Pod
+from miles.utils.workers.reconcile.k8s_api import as_kubernetes_error
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.leader_election import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_RENEW_DEADLINE,
@@ -210,8 +212,6 @@ class ColocatePairing:
 
     async def _release(self, trainer: str, pod: Pod, node: str) -> bool:
         """Sends the patch; ``False`` if the pod changed since it was read."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         name = f"{self._namespace}/{pod.metadata.name}"
         if self._leadership is not None and not self._leadership.is_leader():
             raise NotLeadingError(f"not leading: pod {name} was not patched")
@@ -224,12 +224,15 @@ class ColocatePairing:
                 self._patch(pod, node),
                 _content_type="application/json-patch+json",
             )
-        except ApiException as exc:
-            if exc.status in CONFLICT_STATUSES:
+        except Exception as exc:
+            failure = as_kubernetes_error(exc)
+            if not isinstance(failure, KubernetesApiError):
+                raise
+            if failure.code in CONFLICT_STATUSES:
                 logger.info("pod %s changed since resourceVersion %s; not patched", name, version)
                 return False
-            if exc.status == 403:
-                self._refused = f"patch of pod {name} forbidden: {_reason(exc)}"
+            if failure.code == 403:
+                self._refused = f"patch of pod {name} forbidden: {_reason(failure)}"
                 logger.error("%s; the Role needs pods: patch", self._refused)
                 raise PairingForbiddenError(self._refused) from None
             raise
@@ -248,11 +251,8 @@ def _gates(pod: Pod) -> list[str | None]:
     return [gate.name for gate in pod.spec.scheduling_gates]
 
 
-def _reason(exc: Any) -> str:
-    try:
-        return str(json.loads(exc.body)["message"])
-    except (TypeError, ValueError, KeyError):
-        return f"{exc.status} {exc.reason}"
+def _reason(failure: KubernetesApiError) -> str:
+    return failure.message or f"{failure.code} {failure.reason}"
 
 
 def pairing_loop(

@@ -31,7 +31,11 @@ from miles.utils.workers.reconcile.cli.pool_view import (
     render_screen,
 )
 from miles.utils.workers.reconcile.cli.watch_command import watch_pool
-from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.k8s_errors import (
+    ConnectionFailure,
+    KubernetesApiError,
+    KubernetesConnectionError,
+)
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
 from tests.fast.utils.workers.reconcile.fakes import run_until
@@ -296,6 +300,36 @@ def test_failures_become_one_line() -> None:
         "forbidden by RBAC: no list"
     )
     assert describe_failure(ValueError("a bug")) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "line"),
+    [
+        (
+            ConnectionFailure.TLS_VERIFICATION,
+            "TLS verification of the apiserver at h:6443 failed: why; "
+            "check the kubeconfig's certificate-authority",
+        ),
+        (
+            ConnectionFailure.TLS_HANDSHAKE,
+            "TLS handshake with the apiserver at h:6443 failed: why; "
+            "check the kubeconfig's certificates and the server URL",
+        ),
+        (ConnectionFailure.REFUSED, "cannot reach the apiserver at h:6443: why"),
+        (ConnectionFailure.UNREACHABLE, "cannot reach the apiserver at h:6443: why"),
+        (ConnectionFailure.TIMEOUT, "timed out waiting for the apiserver"),
+        (ConnectionFailure.BROKEN, "talking to the apiserver failed: why"),
+    ],
+)
+def test_a_connection_failure_is_described_from_our_own_error(
+    kind: ConnectionFailure, line: str
+) -> None:
+    """The command reads the kind, server and reason the transport put on the error."""
+    failure = KubernetesConnectionError("pod LIST failed", kind=kind, server="h:6443", reason="why")
+    assert describe_failure(failure) == line
+    assert describe_failure(KubernetesConnectionError("nothing read for 90s", idle=True)) == (
+        "talking to the apiserver failed: nothing read for 90s"
+    )
 
 
 def test_main_without_kubeconfig_prints_one_line_and_exits_2(

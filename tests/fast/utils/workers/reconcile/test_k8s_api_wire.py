@@ -35,10 +35,12 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
 )
 from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.clock import RealClock, settle
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, as_kubernetes_error
 from miles.utils.workers.reconcile.k8s_errors import (
+    ConnectionFailure,
     FrameDecodeError,
     KubernetesApiError,
+    KubernetesConfigError,
     KubernetesConnectionError,
     exception_keeps_cursor,
     exception_rejects_cursor,
@@ -1124,3 +1126,60 @@ async def test_a_streaming_lists_initial_events_decode_paused_and_the_watch_afte
                 ended.set()
     assert seen == ["7", "7", "7", "8", "9"]
     assert collector_on == [("7", False), ("7", False), ("7", False), ("8", False), ("9", True)]
+
+
+def test_a_clients_failure_becomes_our_error_with_its_kind_server_and_reason() -> None:
+    """Row "Transport errors": what the command needs to describe a failure travels on our own
+    error, so nothing above the transport reads aiohttp's or ``kubernetes_asyncio``'s types."""
+    import ssl
+
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+    from kubernetes_asyncio.client.exceptions import ApiException
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    key = ConnectionKey("10.0.0.9", 6443, True, True, None, None, None)
+    refused = as_kubernetes_error(
+        aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "Connection refused"))
+    )
+    assert isinstance(refused, KubernetesConnectionError)
+    assert (refused.kind, refused.server, refused.reason) == (
+        ConnectionFailure.REFUSED,
+        "10.0.0.9:6443",
+        "Connection refused",
+    )
+    assert refused.refused
+    assert exception_keeps_cursor(refused)
+    unverified = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    unverified.verify_message = "self-signed certificate"
+    verification = as_kubernetes_error(aiohttp.ClientConnectorCertificateError(key, unverified))
+    assert isinstance(verification, KubernetesConnectionError)
+    assert (verification.kind, verification.reason) == (
+        ConnectionFailure.TLS_VERIFICATION,
+        "self-signed certificate",
+    )
+    handshake = as_kubernetes_error(
+        aiohttp.ClientConnectorSSLError(key, ssl.SSLError(1, "wrong version number"))
+    )
+    assert isinstance(handshake, KubernetesConnectionError)
+    assert handshake.kind is ConnectionFailure.TLS_HANDSHAKE
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.body = b'{"kind": "Status", "message": "no list"}'
+    api_error = as_kubernetes_error(forbidden)
+    assert isinstance(api_error, KubernetesApiError)
+    assert (api_error.code, api_error.reason, api_error.message) == (403, "Forbidden", "no list")
+    assert isinstance(as_kubernetes_error(ConfigException("bad")), KubernetesConfigError)
+    assert as_kubernetes_error(ValueError("a bug")) is None
+    assert as_kubernetes_error(TimeoutError()) is None
+
+
+def test_the_connection_errors_old_shorthands_still_name_their_kind() -> None:
+    assert KubernetesConnectionError("x", refused=True).kind is ConnectionFailure.REFUSED
+    assert KubernetesConnectionError("x", idle=True).kind is ConnectionFailure.IDLE
+    broken = KubernetesConnectionError("x")
+    assert (broken.kind, broken.refused, broken.idle, broken.server) == (
+        ConnectionFailure.BROKEN,
+        False,
+        False,
+        None,
+    )

@@ -298,3 +298,47 @@ def test_the_import_graph_of_what_ships_has_no_cycle() -> None:
     assert "miles.utils.workers.reconcile.metrics" in graph[loop], "the lazy import is seen"
     assert _a_cycle(graph) is None, " -> ".join(_a_cycle(graph) or [])
     assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+_CLIENT_ROOTS = frozenset({"kubernetes_asyncio", "aiohttp"})
+
+
+def _client_imports(path: Path) -> list[tuple[int, bool]]:
+    """Each import of the Kubernetes client or aiohttp in ``path``: its line and whether it sits
+    inside a function."""
+    found: list[tuple[int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if node.level == 0
+                else []
+            )
+            if any(name.split(".")[0] in _CLIENT_ROOTS for name in names):
+                found.append((node.lineno, in_function))
+        inside = in_function or isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return found
+
+
+def test_only_the_transport_imports_the_kubernetes_client_and_only_inside_functions() -> None:
+    """Row ``k8s_api.py`` (issue 24.2): in every module of the runtime, its command line and its
+    examples, ``kubernetes_asyncio`` and aiohttp are imported by ``k8s_api.py`` alone, lazily."""
+    transport = Path(k8s_api.__file__).resolve()
+    imports = {path: _client_imports(path) for path in sorted(_RUNTIME.rglob("*.py"))}
+    elsewhere = [
+        f"{path.relative_to(_RUNTIME)}:{line}"
+        for path, found in imports.items()
+        if path != transport
+        for line, _ in found
+    ]
+    at_module_level = [line for line, in_function in imports[transport] if not in_function]
+    assert elsewhere == []
+    assert at_module_level == []
+    assert imports[transport], "the scan found no import in the transport at all"
