@@ -45,6 +45,10 @@ class Checkpoints:
         """How many pods our store held at the last comparison."""
         self._our_lists = 0
         self._oracle_lists = 0
+        self._oracle_lists_before = 0
+        """LISTs made by oracle processes since replaced (`Rig.restart_oracle`)."""
+        self._oracle_process: tuple[int | None, int] = (None, 0)
+        """The oracle's pid and its LISTs at the last comparison."""
 
     async def checkpoint(self, what: str, *, healed_at: float | None = None) -> Convergence | None:
         """Polls until every view matches what it should, twice in a row on the same LIST.
@@ -124,7 +128,11 @@ class Checkpoints:
             snapshot = await self._rig.oracle.snapshot()
         except OracleError as err:
             raise HarnessAborted(f"the oracle cannot be read: {err}") from err
-        self._oracle_lists = snapshot.lists
+        pid, lists = self._oracle_process
+        if pid is not None and pid != self._rig.oracle.pid:
+            self._oracle_lists_before += lists
+        self._oracle_process = (self._rig.oracle.pid, snapshot.lists)
+        self._oracle_lists = self._oracle_lists_before + snapshot.lists
         oracle = view_of(
             ((n, p.uid, p.resource_version, p.labels) for n, p in snapshot.pods.items()),
             parent_of=parent_of,
