@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from miles.utils.workers.reconcile.arguments import positive_finite
 from miles.utils.workers.reconcile.clock import Clock
@@ -20,6 +21,52 @@ DEFAULT_RESET_AFTER = 120.0
 MINIMUM_INITIAL = 0.001
 """A smaller ``initial`` is raised to this: from 5e-324, doubling would take 1,000 steps to reach
 a second, one request each."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffSchedule:
+    """``Backoff``'s arithmetic as a value, for a caller that decides purely: ``step(now, draw)``
+    returns the delay to wait now and the schedule after it, ``draw`` standing for the random
+    ``[0, 1)`` the jitter scales. Made by ``backoff_schedule``, which checks its arguments."""
+
+    initial: float
+    factor: float
+    jitter: float
+    cap: float
+    reset_after: float
+    upcoming: float
+    last_reset: float | None = None
+
+    def step(self, now: float, draw: float) -> tuple[float, BackoffSchedule]:
+        base, reset_at = self.upcoming, self.last_reset
+        if reset_at is None or now - reset_at > self.reset_after:
+            base, reset_at = self.initial, now
+        after = replace(self, upcoming=min(base * self.factor, self.cap), last_reset=reset_at)
+        return base + draw * self.jitter * base, after
+
+    def reset(self, now: float) -> BackoffSchedule:
+        return replace(self, upcoming=self.initial, last_reset=now)
+
+
+def backoff_schedule(
+    *,
+    initial: float = DEFAULT_INITIAL,
+    factor: float = DEFAULT_FACTOR,
+    jitter: float = DEFAULT_JITTER,
+    cap: float = DEFAULT_CAP,
+    reset_after: float = DEFAULT_RESET_AFTER,
+) -> BackoffSchedule:
+    """A schedule not stepped yet; ``ValueError`` names an ``initial``, ``cap`` or ``reset_after``
+    that is not finite and positive."""
+    first = max(positive_finite("initial", initial), MINIMUM_INITIAL)
+    return BackoffSchedule(
+        initial=first,
+        factor=factor if factor >= 1.0 else 1.0,
+        jitter=max(0.0, jitter),
+        cap=max(first, positive_finite("cap", cap)),
+        reset_after=positive_finite("reset_after", reset_after),
+        upcoming=first,
+    )
 
 
 class Backoff:
@@ -47,29 +94,19 @@ class Backoff:
         rand: Callable[[], float] = random.random,
     ) -> None:
         self._clock = clock
-        self._initial = max(positive_finite("initial", initial), MINIMUM_INITIAL)
-        self._factor = factor if factor >= 1.0 else 1.0
-        self._jitter = max(0.0, jitter)
-        self._cap = max(self._initial, positive_finite("cap", cap))
-        self._reset_after = positive_finite("reset_after", reset_after)
         self._rand = rand
-        self._next = self._initial
-        self._last_reset: float | None = None
+        self._schedule = backoff_schedule(
+            initial=initial, factor=factor, jitter=jitter, cap=cap, reset_after=reset_after
+        )
 
     @property
     def initial(self) -> float:
-        return self._initial
+        return self._schedule.initial
 
     def next_delay(self) -> float:
         """The delay to wait now; the one after it grows by ``factor``, up to ``cap``."""
-        now = self._clock.time()
-        if self._last_reset is None or now - self._last_reset > self._reset_after:
-            self._next = self._initial
-            self._last_reset = now
-        delay = self._next
-        self._next = min(self._next * self._factor, self._cap)
-        return delay + self._rand() * self._jitter * delay
+        delay, self._schedule = self._schedule.step(self._clock.time(), self._rand())
+        return delay
 
     def reset(self) -> None:
-        self._next = self._initial
-        self._last_reset = self._clock.time()
+        self._schedule = self._schedule.reset(self._clock.time())

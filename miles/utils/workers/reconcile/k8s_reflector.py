@@ -1,23 +1,33 @@
 """LIST (or stream the list), then WATCH from its cursor, as a stream of source events.
 Go: ``cache.Reflector``.
 
-Each ``watch()`` call runs one state machine (kube-rs ``watcher``'s shape): a ``_State`` names the
-phase and what it needs, an action performs the phase's one request and ends in an outcome, and
-``_transition(state, outcome)`` alone decides the next state. The phases:
+Each ``watch()`` call runs one state machine (kube-rs ``watcher::State``'s shape). The state is a
+sum type: one frozen class per phase, carrying only what that phase needs. An action performs the
+phase's one request (or sleep) and ends in an outcome; ``_transition(state, outcome, ...)``, pure,
+alone decides the next state and its effects (the line to log, the relist to count, the error to
+report), the backoff's delay and ``Retry-After`` count included, from the clock's time and a
+random draw it is handed. The driver performs the actions and applies the effects. The phases, and
+the ``status.SourcePhase`` each reports:
 
-- ``LIST``: one consistent LIST (resourceVersion unset), paged when the API is a ``PagedPodApi``
-  (``k8s_pager``), as one ``ReplaceEvent``.
-- ``STREAM_LIST``: a streaming list when asked for and the API is a ``StreamingListPodApi``: the
-  initial ADDED events are buffered until the ``k8s.io/initial-events-end`` bookmark, then sent as
-  one ``ReplaceEvent``, and the same stream goes on as the WATCH (client-go's ``watchList``).
-- ``PROBE``: a LIST of at most one pod not older than the cursor, with a ``PagedPodApi`` only.
-- ``WATCH``: follow a watch from the cursor; pod frames become events, bookmarks move the cursor.
-  A frame that cannot be read (bytes that are not a frame, a pod without a name, a pod frame
-  without a pod, from any API) ends the watch and relists after one backoff step, as Go's
-  ``StreamWatcher`` turns an undecodable event into a ``watch.Error``.
-- ``BACKOFF``: wait one step of ``backoff.Backoff`` (``retry_delay`` doubling to 30 s, jitter 1.0,
-  starting over every 2 minutes), then go on; a failure that carries ``Retry-After`` waits just
-  that, up to ``RETRY_AFTER_RETRIES`` times in a row, as client-go's REST client retries it.
+- ``_Listing`` (LISTING, or RELISTING with its ``relist_reason``): one consistent LIST
+  (resourceVersion unset), paged when the API is a ``PagedPodApi`` (``k8s_pager``), as one
+  ``ReplaceEvent``.
+- ``_StreamListing`` (the same): a streaming list when asked for and the API is a
+  ``StreamingListPodApi``: the initial ADDED events are buffered until the
+  ``k8s.io/initial-events-end`` bookmark, then sent as one ``ReplaceEvent``, and the same stream
+  goes on as the WATCH (client-go's ``watchList``).
+- ``_Probing`` (WATCHING): a LIST of at most one pod not older than the cursor, with a
+  ``PagedPodApi`` only.
+- ``_Watching`` (WATCHING): follow a watch from the cursor, or the streaming list it was handed;
+  pod frames become events, bookmarks move the cursor. A frame that cannot be read (bytes that
+  are not a frame, a pod without a name, a pod frame without a pod, from any API) ends the watch
+  and relists after one backoff step, as Go's ``StreamWatcher`` turns an undecodable event into a
+  ``watch.Error``.
+- ``_BackingOff`` (BACKING_OFF): wait its ``delay``, then go on to the state it holds. The delay
+  is one step of ``backoff.Backoff``'s schedule (``retry_delay`` doubling to 30 s, jitter 1.0,
+  starting over every 2 minutes); a failure that carries ``Retry-After`` waits just that, up to
+  ``RETRY_AFTER_RETRIES`` times in a row (the count starts over at any progress made at once), as
+  client-go's REST client retries it.
 
 Invariants:
 
@@ -41,18 +51,21 @@ Invariants:
    never answers (refused, reset) relists: a server that was gone restarts, and once new writes
    pass the cursor no resourceVersion can tell a restored history from ours.
 5. Nothing a frame contains ends the stream; only the consumer closing it does.
+6. Only ``_transition`` chooses a next state or a delay, and it reads nothing but its arguments;
+   an action only reports what happened, and the driver only does what a step says.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import random
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
 from miles.utils.workers.reconcile.arguments import positive_finite, positive_whole
-from miles.utils.workers.reconcile.backoff import DEFAULT_INITIAL, Backoff
+from miles.utils.workers.reconcile.backoff import DEFAULT_INITIAL, BackoffSchedule, backoff_schedule
 from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.k8s_errors import (
     FrameDecodeError,
@@ -89,7 +102,6 @@ __all__ = [
     "SUSPECT_AFTER_SECONDS",
     "VERY_SHORT_WATCH_SECONDS",
     "KubernetesReflector",
-    "Phase",
 ]
 
 logger = logging.getLogger(__name__)
@@ -110,33 +122,54 @@ SUSPECT_AFTER_SECONDS = 2 * BOOKMARK_INTERVAL_SECONDS
 """A watch that has delivered no frame for this long, nor been re-opened, is reported suspect."""
 
 
-class Phase(enum.Enum):
-    LIST = "list"
-    STREAM_LIST = "stream list"
-    PROBE = "probe"
-    WATCH = "watch"
-    BACKOFF = "backoff"
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    """LIST; ``relist_reason`` says why, for any listing after the first."""
 
-
-_LISTINGS = frozenset({Phase.LIST, Phase.STREAM_LIST})
+    relist_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class _State:
-    """``cursor``: what PROBE checks and WATCH opens from. ``relist_reason``: why a listing after
-    the first runs. ``stream``: an open streaming list that WATCH goes on following. ``after`` and
-    ``delay``: where BACKOFF leads and how long it waits (filled in by the driver, since it draws
-    from the backoff); ``retry_after``: the least wait a server asked for. ``restart``: a
-    re-watch, not the watch right after a listing."""
+class _StreamListing:
+    """A streaming list; ``relist_reason`` as ``_Listing``'s."""
 
-    phase: Phase
-    cursor: str = ""
     relist_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Probing:
+    cursor: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Watching:
+    """``stream``: the streaming list this watch goes on following, else a watch is opened from
+    ``cursor``. ``restart``: a re-watch, not the watch right after a listing."""
+
+    cursor: str
     stream: AsyncIterator[PodWatchEvent] | None = None
-    after: _State | None = None
-    retry_after: float = 0.0
-    delay: float = 0.0
     restart: bool = False
+
+
+_Active = _Listing | _StreamListing | _Probing | _Watching
+
+
+@dataclass(frozen=True, slots=True)
+class _BackingOff:
+    then: _Active
+    delay: float
+
+
+_State = _Active | _BackingOff
+
+
+def _source_phase(state: _State) -> SourcePhase:
+    """The one phase enum: what ``source_status()`` reports for a state."""
+    if isinstance(state, _BackingOff):
+        return SourcePhase.BACKING_OFF
+    if isinstance(state, _Listing | _StreamListing):
+        return SourcePhase.LISTING if state.relist_reason is None else SourcePhase.RELISTING
+    return SourcePhase.WATCHING
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,11 +196,18 @@ class _Failed:
 
 
 @dataclass(frozen=True, slots=True)
-class _Done:
-    """A probe the server accepted, or a backoff waited out."""
+class _Accepted:
+    """A probe the server accepted."""
+
+    cursor: str
 
 
-_Outcome = _Listed | _Closed | _Failed | _Done
+@dataclass(frozen=True, slots=True)
+class _Waited:
+    """A backoff waited out."""
+
+
+_Outcome = _Listed | _Closed | _Failed | _Accepted | _Waited
 
 
 class WatchErrorFrame(Exception):
@@ -218,98 +258,141 @@ def _relist_reason(err: BaseException) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Caps:
-    listing: Phase
+    streams: bool
     probes: bool
+
+    def listing(self, relist_reason: str | None = None) -> _Listing | _StreamListing:
+        return _StreamListing(relist_reason) if self.streams else _Listing(relist_reason)
 
 
 @dataclass(frozen=True, slots=True)
-class _Step:
-    """A transition: the next state and, for anything but routine progress, what happened (the
-    driver adds what comes next, with its delay), at ``level``; ``relist`` when it starts one."""
+class _Pacing:
+    """How long the next backoff waits: the backoff's schedule, and the failures in a row whose
+    ``Retry-After`` was waited instead of a step."""
 
-    state: _State
+    schedule: BackoffSchedule
+    retries_after: int = 0
+
+    def wait(self, retry_after: float, now: float, draw: float) -> tuple[float, _Pacing]:
+        """A server's ``Retry-After`` alone, ``RETRY_AFTER_RETRIES`` times in a row (at least the
+        first step, so a zero cannot spin); then, and for every other failure, a backoff step of
+        at least that long."""
+        if retry_after > 0 and self.retries_after < RETRY_AFTER_RETRIES:
+            waited = replace(self, retries_after=self.retries_after + 1)
+            return max(retry_after, self.schedule.initial), waited
+        delay, schedule = self.schedule.step(now, draw)
+        return max(delay, retry_after), _Pacing(schedule)
+
+
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """Where an outcome leads: ``then``, after a backoff (``retry_after``, the least wait a server
+    asked for) or at once; what happened, for anything but routine progress, at ``level``;
+    ``relist`` when it starts one."""
+
+    then: _Active
+    backoff: bool = False
+    retry_after: float = 0.0
     what: str | None = None
     level: int = logging.WARNING
     relist: str | None = None
 
 
-def _transition(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
-    """The reflector's one transition function; see the module docstring for its invariants."""
-    if state.phase is Phase.BACKOFF:
-        assert state.after is not None
-        return _Step(state.after)
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """A transition: the next state, the pacing after it, and its effects for the driver: the
+    line to log (``what`` and the next move, at ``level``), the relist to count, the error to
+    report."""
+
+    state: _State
+    pacing: _Pacing
+    what: str | None = None
+    level: int = logging.WARNING
+    relist: str | None = None
+    error: str | None = None
+
+
+def _transition(
+    state: _State, outcome: _Outcome, caps: _Caps, pacing: _Pacing, *, now: float, draw: float
+) -> _Step:
+    """The reflector's one transition function; see the module docstring for its invariants.
+    ``now`` is the clock's time and ``draw`` a random ``[0, 1)`` for the backoff's jitter."""
+    if isinstance(state, _BackingOff):
+        return _Step(state.then, pacing)
+    assert not isinstance(outcome, _Waited), f"{state} cannot wait"
+    decision = _decide(state, outcome, caps)
+    error = exception_summary(outcome.error)[:500] if isinstance(outcome, _Failed) else None
+    effects = (decision.what, decision.level, decision.relist, error)
+    if not decision.backoff:
+        return _Step(decision.then, replace(pacing, retries_after=0), *effects)
+    delay, paced = pacing.wait(decision.retry_after, now, draw)
+    return _Step(_BackingOff(decision.then, delay), paced, *effects)
+
+
+def _decide(
+    state: _Active, outcome: _Listed | _Closed | _Failed | _Accepted, caps: _Caps
+) -> _Decision:
+    if isinstance(outcome, _Failed):
+        return _after_failure(state, outcome, caps)
     if isinstance(outcome, _Listed):
-        return _Step(_State(Phase.WATCH, outcome.cursor, stream=outcome.stream))
-    if state.phase in _LISTINGS:
-        return _after_listing(state, outcome, caps)
-    if state.phase is Phase.PROBE:
-        return _after_probe(state, outcome, caps)
-    return _after_watch(state, outcome, caps)
-
-
-def _after_listing(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
-    again = _State(caps.listing, relist_reason=state.relist_reason)
-    if state.phase is Phase.LIST:
-        assert isinstance(outcome, _Failed)
-        return _backoff(
-            again, f"pod LIST failed: {exception_summary(outcome.error)}", outcome.error
+        return _Decision(_Watching(outcome.cursor, outcome.stream))
+    if isinstance(outcome, _Accepted):
+        return _Decision(_Watching(outcome.cursor, restart=True))
+    if isinstance(state, _StreamListing):
+        return _Decision(
+            _Listing(state.relist_reason),
+            what=f"streaming list closed after {outcome.frames} frames without the "
+            "initial-events-end bookmark; falling back to a LIST",
         )
-    if isinstance(outcome, _Closed):
-        return _Step(
-            _State(Phase.LIST, relist_reason=state.relist_reason),
-            f"streaming list closed after {outcome.frames} frames without the initial-events-end "
-            "bookmark; falling back to a LIST",
+    rewatch = _rewatch(outcome.cursor, caps)
+    if outcome.frames == 0 and outcome.lasted < VERY_SHORT_WATCH_SECONDS:
+        what = (
+            f"very short pod watch: closed after {outcome.lasted:.3f}s with no frame, "
+            f"resourceVersion={outcome.cursor}"
         )
-    assert isinstance(outcome, _Failed)
-    what = f"streaming list failed: {exception_summary(outcome.error)}"
-    if _verdict(outcome.error) is _Verdict.FAILED:
-        return _Step(
-            _State(Phase.LIST, relist_reason=state.relist_reason), f"{what}; falling back to a LIST"
-        )
-    return _backoff(again, what, outcome.error)
+        return _backoff(rewatch, what, None)
+    return _Decision(rewatch)
 
 
-def _after_probe(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
-    if isinstance(outcome, _Done):
-        return _Step(_State(Phase.WATCH, state.cursor, restart=True))
-    assert isinstance(outcome, _Failed)
+def _after_failure(state: _Active, outcome: _Failed, caps: _Caps) -> _Decision:
     err = outcome.error
+    if isinstance(state, _Listing):
+        what = f"pod LIST failed: {exception_summary(err)}"
+        return _backoff(caps.listing(state.relist_reason), what, err)
+    if isinstance(state, _StreamListing):
+        what = f"streaming list failed: {exception_summary(err)}"
+        if _verdict(err) is _Verdict.FAILED:
+            return _Decision(_Listing(state.relist_reason), what=f"{what}; falling back to a LIST")
+        return _backoff(state, what, err)
+    if isinstance(state, _Probing):
+        return _after_failed_probe(state, err, caps)
+    return _after_failed_watch(state, outcome, caps)
+
+
+def _after_failed_probe(state: _Probing, err: BaseException, caps: _Caps) -> _Decision:
     verdict = _verdict(err)
     what = f"cursor probe at resourceVersion={state.cursor} failed: {exception_summary(err)}"
     if _unanswered(err):
         reason = "server was unreachable"
-        return _backoff(_State(caps.listing, relist_reason=reason), what, err, relist=reason)
+        return _backoff(caps.listing(reason), what, err, relist=reason)
     if verdict in (_Verdict.KEEPS_CURSOR, _Verdict.INTERRUPTED):
-        return _backoff(replace(state, delay=0.0), what, err)
+        return _backoff(state, what, err)
     reason = _relist_reason(err) if verdict is _Verdict.CURSOR_DEAD else "probe failed"
-    return _backoff(_State(caps.listing, relist_reason=reason), what, err, relist=reason)
+    return _backoff(caps.listing(reason), what, err, relist=reason)
 
 
-def _after_watch(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
-    rewatch_phase = Phase.PROBE if caps.probes else Phase.WATCH
-    if isinstance(outcome, _Closed):
-        rewatch = _State(rewatch_phase, outcome.cursor, restart=True)
-        if outcome.frames == 0 and outcome.lasted < VERY_SHORT_WATCH_SECONDS:
-            what = (
-                f"very short pod watch: closed after {outcome.lasted:.3f}s with no frame, "
-                f"resourceVersion={outcome.cursor}"
-            )
-            return _backoff(rewatch, what, None)
-        return _Step(rewatch)
-    assert isinstance(outcome, _Failed)
+def _after_failed_watch(state: _Watching, outcome: _Failed, caps: _Caps) -> _Decision:
     err = outcome.error
     verdict = _verdict(err)
     what = f"pod watch from resourceVersion={state.cursor} failed: {exception_summary(err)}"
-    rewatch = _State(rewatch_phase, outcome.cursor, restart=True)
+    rewatch = _rewatch(outcome.cursor, caps)
     if verdict is _Verdict.KEEPS_CURSOR:
         return _backoff(rewatch, what, err)
     if verdict is _Verdict.INTERRUPTED:
-        level = logging.WARNING
-        if isinstance(err, KubernetesConnectionError) and err.idle:
-            level = logging.INFO
         if outcome.frames == 0 and outcome.lasted < VERY_SHORT_WATCH_SECONDS:
             return _backoff(rewatch, what, err)
-        return _Step(rewatch, what, level)
+        idle = isinstance(err, KubernetesConnectionError) and err.idle
+        return _Decision(rewatch, what=what, level=logging.INFO if idle else logging.WARNING)
     reason = _relist_reason(err)
     if isinstance(err, FrameDecodeError):
         what = (
@@ -317,16 +400,19 @@ def _after_watch(state: _State, outcome: _Outcome, caps: _Caps) -> _Step:
             f"type={err.event_type or '?'} resourceVersion={err.resource_version or '?'} "
             f"pod={err.name or '?'}: {err.reason}"
         )
-    return _backoff(_State(caps.listing, relist_reason=reason), what, err, relist=reason)
+    return _backoff(caps.listing(reason), what, err, relist=reason)
+
+
+def _rewatch(cursor: str, caps: _Caps) -> _Probing | _Watching:
+    return _Probing(cursor) if caps.probes else _Watching(cursor, restart=True)
 
 
 def _backoff(
-    after: _State, what: str, err: BaseException | None, *, relist: str | None = None
-) -> _Step:
+    then: _Active, what: str, err: BaseException | None, *, relist: str | None = None
+) -> _Decision:
     retry_after = (exception_retry_after(err) if err is not None else None) or 0.0
-    wait = _State(Phase.BACKOFF, after.cursor, after=after, retry_after=retry_after)
     level = logging.ERROR if isinstance(err, FrameDecodeError) else logging.WARNING
-    return _Step(wait, what, level, relist)
+    return _Decision(then, True, retry_after, what, level, relist)
 
 
 @dataclass
@@ -376,9 +462,6 @@ class KubernetesReflector:
         self._label_selector = label_selector
         self._watch_timeout_seconds = positive_whole("watch_timeout_seconds", watch_timeout_seconds)
         self._clock: Clock = clock or RealClock()
-        self._backoff = Backoff(
-            clock=self._clock, initial=positive_finite("retry_delay", retry_delay)
-        )
         self.name = name or default_loop_name(namespace, label_selector)
         self._log = NamedLogger(logger, self.name)
         self._paged = kube_client if isinstance(kube_client, PagedPodApi) else None
@@ -389,26 +472,29 @@ class KubernetesReflector:
                 type(kube_client).__name__,
             )
         streams = streaming_list and self._streaming is not None
-        self._caps = _Caps(Phase.STREAM_LIST if streams else Phase.LIST, self._paged is not None)
+        self._caps = _Caps(streams=streams, probes=self._paged is not None)
+        self._pacing = _Pacing(
+            backoff_schedule(initial=positive_finite("retry_delay", retry_delay))
+        )
+        self._draw = random.random
         self._progress = _Progress()
-        self._retries_after = 0
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
-        state = _State(self._caps.listing)
+        state: _State = self._caps.listing()
         try:
             while True:
                 self._enter(state)
                 outcome: _Outcome | None = None
                 async with aclosing(self._act(state)) as steps:
                     async for step in steps:
-                        if isinstance(step, _Listed | _Closed | _Failed | _Done):
+                        if isinstance(step, _Listed | _Closed | _Failed | _Accepted | _Waited):
                             outcome = step
                         else:
                             yield step
-                assert outcome is not None, f"{state.phase} ended without an outcome"
+                assert outcome is not None, f"{state} ended without an outcome"
                 state = self._follow_transition(state, outcome)
         finally:
-            if state.stream is not None:
+            if isinstance(state, _Watching) and state.stream is not None:
                 await _close(state.stream)
             self._set_phase(SourcePhase.STOPPED)
 
@@ -441,45 +527,32 @@ class KubernetesReflector:
         )
 
     def _follow_transition(self, state: _State, outcome: _Outcome) -> _State:
-        step = _transition(state, outcome, self._caps)
-        nxt = step.state
-        if isinstance(outcome, _Failed):
-            self._progress.last_error = exception_summary(outcome.error)[:500]
-            self._progress.last_error_at = self._clock.time()
-        if nxt.phase is Phase.BACKOFF:
-            nxt = replace(nxt, delay=self._backoff_delay(nxt.retry_after))
-        elif state.phase is not Phase.BACKOFF:
-            self._retries_after = 0
+        step = _transition(
+            state, outcome, self._caps, self._pacing, now=self._clock.time(), draw=self._draw()
+        )
+        self._pacing = step.pacing
+        p = self._progress
+        if step.error is not None:
+            p.last_error, p.last_error_at = step.error, self._clock.time()
         if step.relist is not None:
-            self._progress.relists[step.relist] = self._progress.relists.get(step.relist, 0) + 1
+            p.relists[step.relist] = p.relists.get(step.relist, 0) + 1
         if step.what is not None:
-            self._log.log(step.level, "%s; %s", step.what, _next_move(nxt))
-        self._log.debug("%s -> %s", state.phase.value, _next_move(nxt))
-        return nxt
-
-    def _backoff_delay(self, retry_after: float) -> float:
-        """A server's ``Retry-After`` alone, ``RETRY_AFTER_RETRIES`` times in a row (at least
-        ``retry_delay``, so a zero cannot spin); then, and for every other failure, a backoff
-        step of at least that long."""
-        if retry_after > 0 and self._retries_after < RETRY_AFTER_RETRIES:
-            self._retries_after += 1
-            return max(retry_after, self._backoff.initial)
-        self._retries_after = 0
-        return max(self._backoff.next_delay(), retry_after)
+            self._log.log(step.level, "%s; %s", step.what, _next_move(step.state))
+        self._log.debug("%s -> %s", _name(state), _next_move(step.state))
+        return step.state
 
     def _enter(self, state: _State) -> None:
         p = self._progress
-        if state.phase is Phase.BACKOFF:
-            self._set_phase(SourcePhase.BACKING_OFF)
+        self._set_phase(_source_phase(state))
+        if isinstance(state, _BackingOff):
             p.backoff_until = self._clock.time() + state.delay
-            after = state.after
-            p.relist_reason = after.relist_reason if after and after.phase in _LISTINGS else None
-        elif state.phase in _LISTINGS:
-            first = state.relist_reason is None
-            self._set_phase(SourcePhase.LISTING if first else SourcePhase.RELISTING)
+            then = state.then
+            p.relist_reason = (
+                then.relist_reason if isinstance(then, _Listing | _StreamListing) else None
+            )
+        elif isinstance(state, _Listing | _StreamListing):
             p.relist_reason = state.relist_reason
         else:
-            self._set_phase(SourcePhase.WATCHING)
             p.relist_reason = None
             p.cursor = state.cursor
 
@@ -489,13 +562,13 @@ class KubernetesReflector:
             self._progress.phase_since = self._clock.time()
 
     def _act(self, state: _State) -> AsyncGenerator[SourceEvent | _Outcome, None]:
-        if state.phase is Phase.LIST:
+        if isinstance(state, _Listing):
             return self._list()
-        if state.phase is Phase.STREAM_LIST:
+        if isinstance(state, _StreamListing):
             return self._stream_list()
-        if state.phase is Phase.PROBE:
+        if isinstance(state, _Probing):
             return self._probe(state.cursor)
-        if state.phase is Phase.WATCH:
+        if isinstance(state, _Watching):
             return self._watch(state)
         return self._wait(state.delay)
 
@@ -570,9 +643,9 @@ class KubernetesReflector:
         except Exception as err:
             yield _Failed(err, cursor)
             return
-        yield _Done()
+        yield _Accepted(cursor)
 
-    async def _watch(self, state: _State) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+    async def _watch(self, state: _Watching) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         p = self._progress
         clock = self._clock
         started = clock.time()
@@ -620,7 +693,7 @@ class KubernetesReflector:
 
     async def _wait(self, delay: float) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         await self._clock.sleep(delay)
-        yield _Done()
+        yield _Waited()
 
 
 def _without_a_pod(frame: PodWatchEvent) -> FrameDecodeError:
@@ -634,17 +707,27 @@ def _without_a_pod(frame: PodWatchEvent) -> FrameDecodeError:
 
 
 def _next_move(state: _State) -> str:
-    if state.phase is Phase.BACKOFF:
-        assert state.after is not None
-        return f"{_next_move(state.after)} in {state.delay:.2f}s"
-    if state.phase in _LISTINGS:
-        how = "streaming list" if state.phase is Phase.STREAM_LIST else "LIST"
+    if isinstance(state, _BackingOff):
+        return f"{_next_move(state.then)} in {state.delay:.2f}s"
+    if isinstance(state, _Listing | _StreamListing):
+        how = "streaming list" if isinstance(state, _StreamListing) else "LIST"
         if state.relist_reason is None:
             return f"listing by {how}"
         return f"relisting by {how} ({state.relist_reason})"
-    if state.phase is Phase.PROBE:
+    if isinstance(state, _Probing):
         return f"probing resourceVersion={state.cursor} before re-watching"
     return f"watching from resourceVersion={state.cursor}"
+
+
+def _name(state: _State) -> str:
+    """A state's phase as the DEBUG line of each transition names it."""
+    return {
+        _Listing: "list",
+        _StreamListing: "stream list",
+        _Probing: "probe",
+        _Watching: "watch",
+        _BackingOff: "backoff",
+    }[type(state)]
 
 
 async def _close(stream: AsyncIterator[PodWatchEvent]) -> None:
