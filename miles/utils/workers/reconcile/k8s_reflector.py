@@ -476,7 +476,6 @@ class KubernetesReflector:
         self._pacing = _Pacing(
             backoff_schedule(initial=positive_finite("retry_delay", retry_delay))
         )
-        self._draw = random.random
         self._progress = _Progress()
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
@@ -487,7 +486,7 @@ class KubernetesReflector:
                 outcome: _Outcome | None = None
                 async with aclosing(self._act(state)) as steps:
                     async for step in steps:
-                        if isinstance(step, _Listed | _Closed | _Failed | _Accepted | _Waited):
+                        if isinstance(step, _Outcome):
                             outcome = step
                         else:
                             yield step
@@ -528,7 +527,7 @@ class KubernetesReflector:
 
     def _follow_transition(self, state: _State, outcome: _Outcome) -> _State:
         step = _transition(
-            state, outcome, self._caps, self._pacing, now=self._clock.time(), draw=self._draw()
+            state, outcome, self._caps, self._pacing, now=self._clock.time(), draw=random.random()
         )
         self._pacing = step.pacing
         p = self._progress
