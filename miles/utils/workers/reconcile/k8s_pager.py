@@ -14,17 +14,13 @@ still streams and decodes; page n+2 is requested only after page n has decoded, 
 page is read ahead, and a LIST that fails or is cancelled cancels it. Go's pager reads its pages
 one after another, as ours does over a plain ``PagedPodApi``.
 
-The cyclic garbage collector stays paused for the whole LIST (``gc_pause.COLLECTOR``), and a LIST
-that succeeded moves what it built into the oldest generation before the pause ends (``gc.freeze()``
-then ``gc.unfreeze()``, which walks nothing): the listed pods are long-lived, so only a full
-collection walks them. Then the C heap's free pages, the pages' bodies among them, go back to the
-system (``heap_trim``). See ``docs/reconcile-loop.md``.
+The whole LIST runs inside ``list_memory.listing()``, which owns what it does to memory (the
+collector's pause, the aging of what it built, the heap trim).
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -32,8 +28,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from miles.utils.workers.reconcile.gc_pause import COLLECTOR
-from miles.utils.workers.reconcile.heap_trim import trim_free_heap
 from miles.utils.workers.reconcile.k8s_errors import exception_rejects_cursor, exception_summary
 from miles.utils.workers.reconcile.k8s_interfaces import (
     PagedPodApi,
@@ -41,6 +35,7 @@ from miles.utils.workers.reconcile.k8s_interfaces import (
     UndecodedPodPage,
 )
 from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage
+from miles.utils.workers.reconcile.list_memory import listing
 
 LIST_PAGE_SIZE = 500
 """Pods per LIST page, client-go's ``pager.defaultPageSize``."""
@@ -66,23 +61,8 @@ async def list_in_pages(
     ``options`` without a ``limit`` is paged by ``page_size``, as Go's pager sets ``PageSize``."""
     if options.limit is None:
         options = replace(options, limit=page_size)
-    with COLLECTOR.held():
-        page = await _list(api, options, log=log)
-        _age_without_a_walk()
-    trim_free_heap()
-    return page
-
-
-def _age_without_a_walk() -> None:
-    """Move every object the collector tracks into its oldest generation, walking none: what the
-    LIST built would otherwise be walked by the next young collection, and by every collection
-    until it had survived two. A full collection still walks them, so nothing is held past it
-    (a ``gc.freeze()`` left in place would never collect what later becomes cyclic garbage). A
-    process that froze its own heap (before forking, say) is left as it is."""
-    if gc.get_freeze_count():
-        return
-    gc.freeze()
-    gc.unfreeze()
+    with listing():
+        return await _list(api, options, log=log)
 
 
 async def _list(
