@@ -35,7 +35,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 _MIB = 1024 * 1024
@@ -200,12 +199,7 @@ class ResourceSampler:
         self._task = asyncio.create_task(self._run(), name="soak-resource-sampler")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

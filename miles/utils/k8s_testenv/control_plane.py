@@ -13,12 +13,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Literal, Protocol
 
 from miles.utils.k8s_testenv.apiserver import KubeApiServer
 from miles.utils.k8s_testenv.binaries import BinaryPaths, ensure_binaries
 from miles.utils.k8s_testenv.certs import Credentials, generate_credentials
+from miles.utils.k8s_testenv.component import Component
 from miles.utils.k8s_testenv.errors import FaultUnsupportedError
 from miles.utils.k8s_testenv.etcd import Etcd
 from miles.utils.k8s_testenv.ports import free_ports
@@ -61,7 +61,7 @@ class ControlPlaneAddon(Protocol):
     def stop(self) -> None: ...
 
 
-class LocalControlPlane:
+class LocalControlPlane(Component):
     """Starts etcd and both apiservers in a temporary folder; `with` stops them and removes it.
 
     With `keep=True` (MILES_K8S_KEEP=1) leaving the `with` block leaves everything running,
@@ -89,16 +89,7 @@ class LocalControlPlane:
         self._credentials: Credentials | None = None
         self._apiservers: dict[ApiServerName, KubeApiServer] = {}
 
-    def __enter__(self) -> LocalControlPlane:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self.keep:
             self.leave_running()
         else:

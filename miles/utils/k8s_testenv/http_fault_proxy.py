@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
@@ -297,12 +296,7 @@ class HttpFaultProxy:
         await asyncio.to_thread(self.start)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await asyncio.to_thread(self.stop)
 
     def start(self) -> None:

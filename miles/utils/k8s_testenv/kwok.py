@@ -20,9 +20,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from miles.utils.k8s_testenv.component import Component
 from miles.utils.k8s_testenv.errors import ComponentStartError, PrerequisiteError
 from miles.utils.k8s_testenv.process import ManagedProcess, log_tail
 
@@ -121,7 +121,7 @@ def kwok_argv(
     ]
 
 
-class Kwok:
+class Kwok(Component):
     """kwok managing one fake node, as a context manager: on entry the node exists and is Ready.
 
     Fails with `PrerequisiteError` when the binary is missing, and with `ComponentStartError`
@@ -187,18 +187,6 @@ class Kwok:
         if self._process is not None:
             self._process.stop()
             self._process = None
-
-    def __enter__(self) -> Kwok:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def _create_node(self, api: ApiAccess) -> None:
         try:

@@ -28,11 +28,11 @@ import urllib.error
 import urllib.parse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from miles.utils.k8s_testenv.binaries import NodeBinaryPaths, ensure_node_binaries
 from miles.utils.k8s_testenv.certs import Credentials
+from miles.utils.k8s_testenv.component import Component
 from miles.utils.k8s_testenv.errors import PrerequisiteError
 from miles.utils.k8s_testenv.host_state import (
     KUBELET_START_SYSCTLS,
@@ -132,7 +132,7 @@ def real_node_unavailable(node_setting: str = "auto") -> str | None:
     return lock_holder()
 
 
-class RealNode:
+class RealNode(Component):
     """The node's processes around one apiserver; `with` starts and stops them.
 
     `server`/`credentials` name the apiserver and hold the admin and node tokens (a
@@ -175,18 +175,6 @@ class RealNode:
             credentials=plane.credentials,
             work_dir=plane.work_dir / "node",
         )
-
-    def __enter__(self) -> RealNode:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     @property
     def api(self) -> ApiAccess:

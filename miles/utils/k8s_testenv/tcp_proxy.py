@@ -18,9 +18,9 @@ import socket
 import struct
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, TypeVar
 
+from miles.utils.k8s_testenv.component import Component
 from miles.utils.k8s_testenv.loop_thread import CONTROL_TIMEOUT, LoopThread, LoopThreadError
 from miles.utils.k8s_testenv.ports import LOOPBACK
 
@@ -70,7 +70,7 @@ class ProxyError(RuntimeError):
     """The proxy is not running (it was stopped, or its thread crashed)."""
 
 
-class TcpProxy:
+class TcpProxy(Component):
     """Forwards `127.0.0.1:<port>` to `upstream_host:upstream_port`; `with` starts and stops it.
 
     `go_silent()` stops forwarding in both directions and keeps every socket open (new connections
@@ -97,18 +97,6 @@ class TcpProxy:
     @property
     def url(self) -> str:
         return f"https://{LOOPBACK}:{self.port}"
-
-    def __enter__(self) -> TcpProxy:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         try:

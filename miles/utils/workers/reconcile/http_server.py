@@ -14,7 +14,6 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from types import TracebackType
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from miles.utils.workers.reconcile.arguments import positive_finite
@@ -109,12 +108,7 @@ class HttpServer:
         logger.info("%s server listening on port %d", self.name, self.port)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         server, self._server = self._server, None
         if server is not None:
             server.close()

@@ -24,7 +24,6 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any, TypeVar
 
 from miles.utils.workers.reconcile.arguments import positive_finite, positive_whole
@@ -169,12 +168,7 @@ class LeaderElector:
         self._task = asyncio.create_task(self._campaign(), name=f"leader-election {self.name}")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         task = self._task
         assert task is not None
         self._stop_leading()

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from miles.utils.k8s_testenv.client import api_client
@@ -298,12 +297,7 @@ class OurLoopProcess:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     def failure(self) -> str | None:

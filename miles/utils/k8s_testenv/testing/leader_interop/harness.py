@@ -17,7 +17,6 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
 from miles.utils.k8s_testenv.testing.differential.lifecycle import (
@@ -136,12 +135,7 @@ class LeaderInterop:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self._stack.aclose()
 
     async def run(self) -> InteropRun:

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from miles.utils.k8s_testenv.client import api_client
@@ -57,12 +56,7 @@ class LeaseWatch:
         await self._started.wait()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
