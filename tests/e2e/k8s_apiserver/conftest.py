@@ -1,11 +1,12 @@
 """Layer k8s_apiserver: every test here runs against real etcd and kube-apiservers.
 
 The shared fixtures (control plane, kubeconfigs, clients, namespaces) are in tests/e2e/conftest.py;
-this file marks the layer so `-m k8s_apiserver` selects it.
+this file marks the layer so `-m k8s_apiserver` selects it, and says where a fault test ran.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,3 +18,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _LAYER_DIR in item.path.parents:
             item.add_marker(pytest.mark.k8s_apiserver)
+
+
+@pytest.fixture
+def behind_the_fault_proxy(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For the tests that reach the apiserver through `HttpFaultProxy`: their docstring's layer."""
+    yield
+    print(
+        f"k8s_apiserver: {request.node.name} ran on the cached kube-apiserver (watch cache on) "
+        "behind the HTTP fault proxy"
+    )

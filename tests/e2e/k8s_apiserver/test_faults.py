@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,7 @@ from tests.e2e.k8s_apiserver.fault_harness import (
 )
 from tests.e2e.k8s_apiserver.harness import SELECTOR, cell_of, create_pod
 
-pytestmark = pytest.mark.k8s_apiserver
+pytestmark = [pytest.mark.k8s_apiserver, pytest.mark.usefixtures("behind_the_fault_proxy")]
 
 RETRY_DELAY = 0.2
 IDLE_TIMEOUT = 3.0
@@ -47,15 +46,6 @@ IDLE_TIMEOUT = 3.0
 deadline stays `watch_timeout_seconds` (60) plus its margin, so only the idle deadline can end a
 stalled stream within the bounds below."""
 _RUNTIME = "miles.utils.workers.reconcile"
-
-
-@pytest.fixture(autouse=True)
-def _say_where(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    print(
-        f"k8s_apiserver: {request.node.name} ran on the cached kube-apiserver (watch cache on) "
-        "behind the HTTP fault proxy"
-    )
 
 
 async def _cells_a(faulted: Faulted, *names: str) -> None:

@@ -17,7 +17,6 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,7 @@ from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from tests.e2e.k8s_apiserver.fault_harness import faulted_cells, lines_naming
 from tests.e2e.k8s_apiserver.harness import create_pod
 
-pytestmark = pytest.mark.k8s_apiserver
+pytestmark = [pytest.mark.k8s_apiserver, pytest.mark.usefixtures("behind_the_fault_proxy")]
 
 STALE_BOUND = 3.0
 """Seconds the store may serve a deleted pod once the chunk carrying its deletion is broken: the
@@ -48,15 +47,6 @@ LIST_BOUND = 10.0
 one backoff step later (the hang lasted until a 75 s `sock_read` that aiohttp had dropped)."""
 _RUNTIME = "miles.utils.workers.reconcile"
 _FRAMINGS = [CorruptChunk(), CorruptChunk(framing="terminator")]
-
-
-@pytest.fixture(autouse=True)
-def _say_where(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    print(
-        f"k8s_apiserver: {request.node.name} ran on the cached kube-apiserver (watch cache on) "
-        "behind the HTTP fault proxy"
-    )
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +21,13 @@ from miles.utils.k8s_testenv.http_fault_proxy import WATCH, RewriteFrame
 from tests.e2e.k8s_apiserver.fault_harness import faulted_cells, raw_json
 from tests.e2e.k8s_apiserver.harness import CELL_LABEL
 
-pytestmark = pytest.mark.k8s_apiserver
+pytestmark = [pytest.mark.k8s_apiserver, pytest.mark.usefixtures("behind_the_fault_proxy")]
 
 RETRY = 0.5
 """`retry_delay`: the first backoff step lies in [0.5, 1.0) s."""
 LIST_SLACK = 2.0
 """What a relist and the loop's apply may take on top of the step, on two shared cores."""
 _MERGE_PATCH = "application/strategic-merge-patch+json"
-
-
-@pytest.fixture(autouse=True)
-def _say_where(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    print(
-        f"k8s_apiserver: {request.node.name} ran on the cached kube-apiserver (watch cache on) "
-        "behind the HTTP fault proxy"
-    )
 
 
 def _edited(edit: Callable[[dict[str, Any]], None]) -> Callable[[bytes], bytes]:

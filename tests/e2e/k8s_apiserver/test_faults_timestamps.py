@@ -6,7 +6,6 @@ is written for real, not forged by the proxy, since the apiserver accepts it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,19 +14,10 @@ from miles.utils.k8s_testenv.http_fault_proxy import WATCH, Respond
 from tests.e2e.k8s_apiserver.fault_harness import faulted_cells, raw_json
 from tests.e2e.k8s_apiserver.harness import CELL_LABEL, eventually
 
-pytestmark = pytest.mark.k8s_apiserver
+pytestmark = [pytest.mark.k8s_apiserver, pytest.mark.usefixtures("behind_the_fault_proxy")]
 
 OUT_OF_RANGE_TIME = "0000-01-01T00:00:00Z"
 _MERGE_PATCH = "application/strategic-merge-patch+json"
-
-
-@pytest.fixture(autouse=True)
-def _say_where(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    print(
-        f"k8s_apiserver: {request.node.name} ran on the cached kube-apiserver (watch cache on) "
-        "behind the HTTP fault proxy"
-    )
 
 
 async def test_a_timestamp_the_apiserver_accepts_keeps_the_pod_under_its_parent_across_a_relist(
