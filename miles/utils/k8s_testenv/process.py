@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from miles.utils.k8s_testenv.errors import ComponentStartError
@@ -62,6 +63,28 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def spawn_piped(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    stdin: int = asyncio.subprocess.PIPE,
+    limit: int = 2**16,
+    env: Mapping[str, str] | None = None,
+) -> asyncio.subprocess.Process:
+    """Starts `argv` as the leader of its own session, its stdout a pipe of `limit`-byte lines and
+    its stderr appended to `log_path`."""
+    with log_path.open("ab") as log:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=stdin,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+            limit=limit,
+            env=env,
+        )
 
 
 class ManagedProcess:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from miles.utils.k8s_testenv.process import spawn_piped
+
 _EXIT_GRACE = 5.0
 _LOG_TAIL_LINES = 20
 _LINE_LIMIT = 256 * 2**20
@@ -139,15 +141,7 @@ class OracleProcess:
 
     async def start(self) -> None:
         self._require_binary()
-        with self.log_path.open("ab") as log:
-            self._process = await asyncio.create_subprocess_exec(
-                *self._argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                limit=_LINE_LIMIT,
-            )
+        self._process = await spawn_piped(self._argv, self.log_path, limit=_LINE_LIMIT)
 
     def _require_binary(self) -> None:
         if not Path(self._argv[0]).is_file():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from miles.utils.k8s_testenv.client import api_client
+from miles.utils.k8s_testenv.process import spawn_piped
 from miles.utils.k8s_testenv.testing.differential.oracle_client import end_process_group, log_tail
 from miles.utils.k8s_testenv.testing.differential.views import PodRow, status_of_pod
 from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
@@ -278,16 +279,9 @@ class OurLoopProcess:
         return None if self._process is None else self._process.pid
 
     async def __aenter__(self) -> OurLoopProcess:
-        with self._log_path.open("ab") as log:
-            self._process = await asyncio.create_subprocess_exec(
-                *self._argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-                limit=_LINE_LIMIT,
-                env=self._env,
-            )
+        self._process = await spawn_piped(
+            self._argv, self._log_path, limit=_LINE_LIMIT, env=self._env
+        )
         try:
             ready = await self._read(_READY_TIMEOUT)
             if not ready.get("ready"):

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles.utils.k8s_testenv.process import spawn_piped
 from miles.utils.k8s_testenv.testing.leader_interop.records import CandidateLine, Side, Timing
 
 _log = logging.getLogger(__name__)
@@ -73,14 +74,9 @@ class CandidateProcess:
         self.bad_lines: list[str] = []
 
     async def start(self) -> None:
-        with self._log_path.open("ab") as log:
-            self._process = await asyncio.create_subprocess_exec(
-                *self._argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-                start_new_session=True,
-            )
+        self._process = await spawn_piped(
+            self._argv, self._log_path, stdin=asyncio.subprocess.DEVNULL
+        )
         self._reader = asyncio.create_task(self._read(), name=f"candidate-{self.identity}")
 
     @property
