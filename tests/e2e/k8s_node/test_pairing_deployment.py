@@ -9,7 +9,8 @@ repository. Every assertion reads the apiserver (pods, the Lease) or the control
 streamed from their start: gated pods are released once each, by the Lease's holder; deleting the
 leader hands over within LeaseDuration + 2 x RetryPeriod x 2.2 (the standby is already running, so
 no pod start is in it); a rollout restart never shows two holders and releases each pod once; a
-Role without `patch` gives one line per attempt on the backoff, and the leader turns unready.
+Role without `patch` gives one line per attempt (the loop's, no stack) on the backoff, and the
+leader turns unready.
 """
 
 from __future__ import annotations
@@ -396,7 +397,9 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
         holder = await cluster.holder()
         await cluster.create_pair("trainer-d", ("infer-d0",))
         forbidden = re.compile(
-            r"ERROR colocate_pairing: (patch of pod colocate-pairing/infer-d0 forbidden.*)"
+            r"ERROR miles.utils.workers.reconcile.loop: \[colocate-pairing\] reconcile of parent "
+            r"'trainer-d' failed, retrying in (\S+): PairingForbiddenError\('patch of pod "
+            r"colocate-pairing/infer-d0 forbidden: .*the Role needs pods: patch"
         )
         await until(
             lambda: cluster.logs.matching(forbidden) or None,
@@ -406,8 +409,11 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
         )
         await asyncio.sleep(FORBIDDEN_WINDOW)
         attempts = cluster.logs.matching(forbidden)
-        print(f"forbidden attempts in {FORBIDDEN_WINDOW:.0f} s: {len(attempts)}")
+        delays = [delay for _, delay in attempts]
+        print(f"forbidden attempts in {FORBIDDEN_WINDOW:.0f} s: {len(attempts)}, delays {delays}")
         assert {pod for pod, _ in attempts} == {holder}
+        assert holder is not None
+        assert not any("Traceback" in line for line in cluster.logs.lines[holder])
         assert 2 <= len(attempts) <= 6, cluster.logs.dump()
         assert holder not in await cluster.ready_pods()
         await cluster.rbac.replace_namespaced_role("colocate-pairing", NAMESPACE, role)

@@ -15,7 +15,8 @@ The configuration is one JSON object (``PairingConfig``; a ConfigMap key in a De
 process connects with the service account when in a pod (``KUBERNETES_SERVICE_HOST`` set and no
 kubeconfig given), else with ``--kubeconfig``, ``KUBECONFIG`` or ``~/.kube/config``. ``/healthz``
 and ``/readyz`` answer on ``health_probe_bind_address``; ``/readyz`` fails while the last patch was
-refused by authorization (``pods: patch`` missing from the Role), until one succeeds.
+refused by authorization (``pods: patch`` missing from the Role), until one succeeds; each refused
+attempt is one line, the loop's, which names the pod, the reason and the retry delay.
 """
 
 from __future__ import annotations
@@ -233,8 +234,9 @@ class ColocatePairing:
                 return False
             if failure.code == 403:
                 self._refused = f"patch of pod {name} forbidden: {_reason(failure)}"
-                logger.error("%s; the Role needs pods: patch", self._refused)
-                raise PairingForbiddenError(self._refused) from None
+                raise PairingForbiddenError(
+                    f"{self._refused}; the Role needs pods: patch"
+                ) from None
             raise
         self._refused = None
         logger.info(
@@ -357,10 +359,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def without_traceback(record: logging.LogRecord) -> bool:
+    """A logging filter: the loop's line for a refusal this module explains carries no stack, so
+    each attempt is one line (the loop's, with its retry delay)."""
+    if record.exc_info and isinstance(record.exc_info[1], (PairingForbiddenError, NotLeadingError)):
+        record.exc_info = None
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("miles.utils.workers.reconcile.loop").addFilter(without_traceback)
     args = parse_args(argv)
     try:
         config = PairingConfig() if args.config is None else load_config(args.config)

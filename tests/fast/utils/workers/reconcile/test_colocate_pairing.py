@@ -22,6 +22,7 @@ from miles.utils.workers.reconcile.examples.colocate_pairing import (
     PairingForbiddenError,
     identity_of,
     load_config,
+    without_traceback,
 )
 
 CONFIG = PairingConfig(trainer_label="t", role_label="r", gate="g")
@@ -141,18 +142,28 @@ async def test_a_forbidden_patch_is_one_line_and_fails_readiness_until_one_succe
     patches = Patches(refuse_with=403)
     pairing = controller(patches)
     members = [TRAINER, pod("infer-0", "inference", gates=("g",))]
-    with caplog.at_level(logging.INFO, "colocate_pairing"), pytest.raises(PairingForbiddenError):
+    with pytest.raises(PairingForbiddenError) as raised:
         await pairing.pair("trainer-0", members)
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert [r.getMessage() for r in errors] == [
+    assert str(raised.value) == (
         'patch of pod ns/infer-0 forbidden: pods "infer-0" is forbidden: no patch; '
         "the Role needs pods: patch"
-    ]
-    assert errors[0].exc_info is None
+    )
     assert pairing.check() is not None
     patches.refuse_with = None
     await pairing.pair("trainer-0", members)
     assert pairing.check() is None
+
+
+def test_the_loops_line_for_a_refusal_carries_no_stack() -> None:
+    refusal = PairingForbiddenError("patch of pod ns/p forbidden")
+    other = RuntimeError("boom")
+    records = [
+        logging.LogRecord("loop", logging.ERROR, "", 0, "failed", (), (type(e), e, None))
+        for e in (refusal, other)
+    ]
+    assert [without_traceback(r) for r in records] == [True, True]
+    assert records[0].exc_info is None
+    assert records[1].exc_info is not None
 
 
 @pytest.mark.parametrize("status", [409, 422])
