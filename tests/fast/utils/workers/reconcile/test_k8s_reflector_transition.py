@@ -95,6 +95,13 @@ def later(then: _State) -> _BackingOff:
     return _BackingOff(then, RETRY)
 
 
+WATCH7 = _Watching("7")
+REWATCH7 = _Watching("7", restart=True)
+PROBE7 = _Probing("7")
+UNREACHABLE = _Listing("server was unreachable")
+EXPIRED = _Listing("cursor expired")
+TOO_LARGE = _Listing("cursor too large")
+
 ROWS: list[tuple[str, _State, _Outcome, _Caps, _State]] = [
     # LIST / streaming list
     ("listing -> watch", _Listing(), _Listed("5"), PROBES, _Watching("5")),
@@ -104,7 +111,7 @@ ROWS: list[tuple[str, _State, _Outcome, _Caps, _State]] = [
         _Listing("cursor expired"),
         failed(api(500)),
         PROBES,
-        later(_Listing("cursor expired")),
+        later(EXPIRED),
     ),
     ("fallback LIST failed", _Listing(), failed(RESET), STREAMS, later(_StreamListing())),
     (
@@ -127,126 +134,60 @@ ROWS: list[tuple[str, _State, _Outcome, _Caps, _State]] = [
     ("stream 429 -> backoff", _StreamListing(), failed(api(429)), STREAMS, later(_StreamListing())),
     ("stream broke -> backoff", _StreamListing(), failed(RESET), STREAMS, later(_StreamListing())),
     # cursor probe
-    ("probe accepted", _Probing("7"), _Accepted("7"), PROBES, _Watching("7", restart=True)),
-    (
-        "probe refused",
-        _Probing("7"),
-        failed(REFUSED),
-        PROBES,
-        later(_Listing("server was unreachable")),
-    ),
-    (
-        "probe reset",
-        _Probing("7"),
-        failed(RESET),
-        PROBES,
-        later(_Listing("server was unreachable")),
-    ),
-    ("probe 429", _Probing("7"), failed(api(429)), PROBES, later(_Probing("7"))),
-    ("probe idle", _Probing("7"), failed(IDLE), PROBES, later(_Probing("7"))),
-    ("probe 410", _Probing("7"), failed(api(410)), PROBES, later(_Listing("cursor expired"))),
-    (
-        "probe Gone",
-        _Probing("7"),
-        failed(api(400, "Gone")),
-        PROBES,
-        later(_Listing("cursor expired")),
-    ),
-    ("probe 504", _Probing("7"), failed(api(504)), PROBES, later(_Listing("cursor too large"))),
-    ("probe 500", _Probing("7"), failed(api(500)), PROBES, later(_Listing("probe failed"))),
+    ("probe accepted", PROBE7, _Accepted("7"), PROBES, REWATCH7),
+    ("probe refused", PROBE7, failed(REFUSED), PROBES, later(UNREACHABLE)),
+    ("probe reset", PROBE7, failed(RESET), PROBES, later(UNREACHABLE)),
+    ("probe 429", PROBE7, failed(api(429)), PROBES, later(PROBE7)),
+    ("probe idle", PROBE7, failed(IDLE), PROBES, later(PROBE7)),
+    ("probe 410", PROBE7, failed(api(410)), PROBES, later(EXPIRED)),
+    ("probe Gone", PROBE7, failed(api(400, "Gone")), PROBES, later(EXPIRED)),
+    ("probe 504", PROBE7, failed(api(504)), PROBES, later(TOO_LARGE)),
+    ("probe 500", PROBE7, failed(api(500)), PROBES, later(_Listing("probe failed"))),
     (
         "probe 504, streaming",
-        _Probing("7"),
+        PROBE7,
         failed(api(504)),
         STREAMS,
         later(_StreamListing("cursor too large")),
     ),
     # watch closed
-    ("closed -> probe", _Watching("7"), _Closed("9", 2, 0.1), PROBES, _Probing("9")),
-    (
-        "closed -> re-watch",
-        _Watching("7"),
-        _Closed("9", 2, 0.1),
-        CONTRACT,
-        _Watching("9", restart=True),
-    ),
-    ("closed after 1 s silent", _Watching("7"), _Closed("7", 0, 5.0), PROBES, _Probing("7")),
-    ("very short watch", _Watching("7"), _Closed("7", 0, 0.5), PROBES, later(_Probing("7"))),
-    (
-        "very short, contract",
-        _Watching("7"),
-        _Closed("7", 0, 0.5),
-        CONTRACT,
-        later(_Watching("7", restart=True)),
-    ),
+    ("closed -> probe", WATCH7, _Closed("9", 2, 0.1), PROBES, _Probing("9")),
+    ("closed -> re-watch", WATCH7, _Closed("9", 2, 0.1), CONTRACT, _Watching("9", restart=True)),
+    ("closed after 1 s silent", WATCH7, _Closed("7", 0, 5.0), PROBES, PROBE7),
+    ("very short watch", WATCH7, _Closed("7", 0, 0.5), PROBES, later(PROBE7)),
+    ("very short, contract", WATCH7, _Closed("7", 0, 0.5), CONTRACT, later(REWATCH7)),
     # watch failed, the cursor kept
-    ("watch 429", _Watching("7"), failed(api(429)), PROBES, later(_Probing("7"))),
-    ("watch 429 frame", _Watching("7"), failed(error_frame(429)), PROBES, later(_Probing("7"))),
-    ("watch refused", _Watching("7"), failed(REFUSED), PROBES, later(_Probing("7"))),
-    ("watch broke", _Watching("7"), failed(RESET, frames=1), PROBES, _Probing("7")),
-    ("watch broke after 1 s", _Watching("7"), failed(RESET, lasted=2.0), PROBES, _Probing("7")),
-    (
-        "watch broke at once",
-        _Watching("7"),
-        failed(RESET, lasted=0.2),
-        PROBES,
-        later(_Probing("7")),
-    ),
-    ("watch idle", _Watching("7"), failed(IDLE, lasted=90.0), PROBES, _Probing("7")),
-    (
-        "watch broke, contract",
-        _Watching("7"),
-        failed(RESET, frames=1),
-        CONTRACT,
-        _Watching("7", restart=True),
-    ),
+    ("watch 429", WATCH7, failed(api(429)), PROBES, later(PROBE7)),
+    ("watch 429 frame", WATCH7, failed(error_frame(429)), PROBES, later(PROBE7)),
+    ("watch refused", WATCH7, failed(REFUSED), PROBES, later(PROBE7)),
+    ("watch broke", WATCH7, failed(RESET, frames=1), PROBES, PROBE7),
+    ("watch broke after 1 s", WATCH7, failed(RESET, lasted=2.0), PROBES, PROBE7),
+    ("watch broke at once", WATCH7, failed(RESET, lasted=0.2), PROBES, later(PROBE7)),
+    ("watch idle", WATCH7, failed(IDLE, lasted=90.0), PROBES, PROBE7),
+    ("watch broke, contract", WATCH7, failed(RESET, frames=1), CONTRACT, REWATCH7),
     # watch failed, relist
-    ("watch 410", _Watching("7"), failed(api(410)), PROBES, later(_Listing("cursor expired"))),
+    ("watch 410", WATCH7, failed(api(410)), PROBES, later(EXPIRED)),
+    ("watch Expired", WATCH7, failed(api(400, "Expired")), PROBES, later(EXPIRED)),
+    ("watch 410 frame", WATCH7, failed(error_frame(410)), PROBES, later(EXPIRED)),
+    ("watch 504 frame", WATCH7, failed(error_frame(504)), PROBES, later(TOO_LARGE)),
+    ("watch 500 frame", WATCH7, failed(error_frame(500)), PROBES, later(_Listing("watch failed"))),
+    ("watch 500", WATCH7, failed(api(500)), PROBES, later(_Listing("watch failed"))),
     (
-        "watch Expired",
-        _Watching("7"),
-        failed(api(400, "Expired")),
-        PROBES,
-        later(_Listing("cursor expired")),
-    ),
-    (
-        "watch 410 frame",
-        _Watching("7"),
-        failed(error_frame(410)),
-        PROBES,
-        later(_Listing("cursor expired")),
-    ),
-    (
-        "watch 504 frame",
-        _Watching("7"),
-        failed(error_frame(504)),
-        PROBES,
-        later(_Listing("cursor too large")),
-    ),
-    (
-        "watch 500 frame",
-        _Watching("7"),
-        failed(error_frame(500)),
-        PROBES,
-        later(_Listing("watch failed")),
-    ),
-    ("watch 500", _Watching("7"), failed(api(500)), PROBES, later(_Listing("watch failed"))),
-    (
-        "watch unreadable frame",
-        _Watching("7"),
+        "watch unreadable",
+        WATCH7,
         failed(UNREADABLE, frames=3),
         PROBES,
         later(_Listing("frame unreadable")),
     ),
     (
-        "watch 410, streaming",
-        _Watching("7"),
+        "watch 410, streams",
+        WATCH7,
         failed(api(410)),
         STREAMS,
         later(_StreamListing("cursor expired")),
     ),
     # backoff
-    ("backoff done", later(_Probing("7")), _Waited(), PROBES, _Probing("7")),
+    ("backoff done", later(PROBE7), _Waited(), PROBES, PROBE7),
     ("backoff done, relist", later(_Listing("x")), _Waited(), PROBES, _Listing("x")),
 ]
 
