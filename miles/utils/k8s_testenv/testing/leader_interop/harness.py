@@ -113,26 +113,23 @@ class LeaderInterop:
     async def __aenter__(self) -> LeaderInterop:
         config = self._config
         config.work_dir.mkdir(parents=True, exist_ok=True)
-        await self._stack.__aenter__()
-        try:
-            self._watch = await self._stack.enter_async_context(
+        async with AsyncExitStack() as stack:
+            self._watch = await stack.enter_async_context(
                 LeaseWatch(config.kubeconfig, config.namespace, config.lease)
             )
             host, port = server_address(config.kubeconfig)
             for index, side in enumerate(config.sides):
-                proxy = self._stack.enter_context(
+                proxy = stack.enter_context(
                     TcpProxy(upstream_host=host, upstream_port=port, name=f"{side}-{index}")
                 )
                 kubeconfig = proxied_kubeconfig(
                     config.kubeconfig, config.work_dir / f"{side}-{index}.kubeconfig", proxy.url
                 )
                 self._slots.append(_Slot(side, index, proxy, kubeconfig))
-            self._stack.push_async_callback(self._stop_all)
+            stack.push_async_callback(self._stop_all)
             for slot in self._slots:
                 await self._start(slot)
-        except BaseException:
-            await self._stack.aclose()
-            raise
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
