@@ -6,6 +6,10 @@ import asyncio
 import inspect
 from typing import Any
 
+# Imported now, not by hypothesis's own terminal summary: on CPython 3.11.7 a session that had not
+# imported hypothesis yet (an e2e layer alone) rewrote it at the end and died in ast.parse with
+# "SystemError: AST constructor recursion depth mismatch" (cpython gh-106905).
+import hypothesis.internal.observability  # noqa: F401
 import pytest
 
 

@@ -22,6 +22,7 @@ The contract's names stay importable from here (``PodListPage``, ``PodWatchEvent
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import logging
@@ -294,6 +295,10 @@ def _failing_when_cut_off(resp: Any) -> Iterator[None]:
     if closed is None:
         fail_unfinished()
     else:
+        # Reading ``closed`` makes aiohttp create the future; a connection lost with an error
+        # (a TLS close_notify after data) sets it, and unretrieved it logged "Future exception was
+        # never retrieved" from the collector, in the middle of whatever ran then.
+        closed.add_done_callback(_retrieved)
         closed.add_done_callback(fail_unfinished)
     try:
         yield
@@ -304,6 +309,11 @@ def _failing_when_cut_off(resp: Any) -> Iterator[None]:
     finally:
         if closed is not None:
             closed.remove_done_callback(fail_unfinished)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 @contextmanager

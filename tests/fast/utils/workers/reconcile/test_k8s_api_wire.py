@@ -1183,3 +1183,25 @@ def test_the_connection_errors_old_shorthands_still_name_their_kind() -> None:
         False,
         None,
     )
+
+
+async def test_a_connection_lost_with_an_error_after_a_body_leaves_no_unretrieved_future() -> None:
+    """A body read whole, then a connection lost with an error (the TLS close_notify an apiserver
+    sends after data): the ``closed`` future the cut-off hook made aiohttp create is retrieved, so
+    the collector logs no "Future exception was never retrieved" later."""
+    from miles.utils.workers.reconcile.k8s_api import _failing_when_cut_off
+
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    closed: asyncio.Future[None] = loop.create_future()
+    content = SimpleNamespace(is_eof=lambda: True, exception=lambda: None)
+    protocol = SimpleNamespace(closed=closed, exception=lambda: None, is_connected=lambda: True)
+    resp = SimpleNamespace(content=content, connection=SimpleNamespace(protocol=protocol))
+    with _failing_when_cut_off(resp):
+        pass
+    closed.set_exception(ConnectionError("application data after close notify"))
+    await asyncio.sleep(0)
+    del closed, protocol, resp
+    gc.collect()
+    assert unretrieved == []
