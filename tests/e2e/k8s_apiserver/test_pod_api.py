@@ -71,6 +71,18 @@ def _pod_api(api: Any) -> tuple[Any, KubernetesAsyncioPodApi]:
     return core, KubernetesAsyncioPodApi(core_v1_api=core)
 
 
+def _watch(
+    pods: KubernetesAsyncioPodApi, namespace: str, resource_version: str, timeout_seconds: int = 60
+) -> AsyncIterator[PodWatchEvent]:
+    """The selector's pods, watched from `resource_version`."""
+    return pods.stream_pods(
+        namespace=namespace,
+        label_selector=SELECTOR,
+        resource_version=resource_version,
+        timeout_seconds=timeout_seconds,
+    )
+
+
 async def test_list_then_watch_round_trip_decodes_real_pods(
     k8s_api_client: ApiClientFactory, k8s_namespace: str
 ) -> None:
@@ -86,12 +98,7 @@ async def test_list_then_watch_round_trip_decodes_real_pods(
         assert page.pods[0].metadata.labels[CELL_LABEL] == "a"
         assert int(page.resource_version) >= int(listed.metadata.resource_version)
 
-        stream = pods.stream_pods(
-            namespace=k8s_namespace,
-            label_selector=SELECTOR,
-            resource_version=page.resource_version,
-            timeout_seconds=60,
-        )
+        stream = _watch(pods, k8s_namespace, page.resource_version)
         async with closing(stream) as frames:
             created = await core.create_namespaced_pod(k8s_namespace, pod_manifest("p-1", cell="a"))
             added = await _next_pod_frame(frames, "ADDED p-1")
@@ -130,12 +137,7 @@ async def test_abandoned_watch_closes_at_once_and_the_next_opens_from_its_cursor
     async with k8s_api_client("cached") as api:
         core, pods = _pod_api(api)
         page = await pods.list_pods(namespace=k8s_namespace, label_selector=SELECTOR)
-        first = pods.stream_pods(
-            namespace=k8s_namespace,
-            label_selector=SELECTOR,
-            resource_version=page.resource_version,
-            timeout_seconds=60,
-        )
+        first = _watch(pods, k8s_namespace, page.resource_version)
         await core.create_namespaced_pod(k8s_namespace, pod_manifest("p-0", cell="a"))
         seen = await _next_pod_frame(first, "ADDED p-0 on the first watch")
         closing_started = time.monotonic()
@@ -143,12 +145,7 @@ async def test_abandoned_watch_closes_at_once_and_the_next_opens_from_its_cursor
         closing_took = time.monotonic() - closing_started
         assert seen.resource_version is not None
 
-        second = pods.stream_pods(
-            namespace=k8s_namespace,
-            label_selector=SELECTOR,
-            resource_version=seen.resource_version,
-            timeout_seconds=60,
-        )
+        second = _watch(pods, k8s_namespace, seen.resource_version)
         async with closing(second) as frames:
             await core.create_namespaced_pod(k8s_namespace, pod_manifest("p-1", cell="a"))
             following = await _next_pod_frame(frames, "ADDED p-1 on the second watch")
@@ -168,12 +165,7 @@ async def test_abandoned_watch_is_released_on_the_server(
         _, pods = _pod_api(api)
         baseline = await open_namespaced_pod_watches(api)
         page = await pods.list_pods(namespace=k8s_namespace, label_selector=SELECTOR)
-        stream = pods.stream_pods(
-            namespace=k8s_namespace,
-            label_selector=SELECTOR,
-            resource_version=page.resource_version,
-            timeout_seconds=60,
-        )
+        stream = _watch(pods, k8s_namespace, page.resource_version)
         waiting = asyncio.create_task(_next_pod_frame(stream, "a frame that never comes"))
         await _gauge_reaches(api, baseline + 1, "the watch to be open on the server")
         waiting.cancel()
@@ -210,12 +202,7 @@ async def test_label_selector_scopes_both_list_and_watch(
             k8s_namespace, pod_manifest("out-0", cell="a", selected=False)
         )
         page = await pods.list_pods(namespace=k8s_namespace, label_selector=SELECTOR)
-        stream = pods.stream_pods(
-            namespace=k8s_namespace,
-            label_selector=SELECTOR,
-            resource_version=page.resource_version,
-            timeout_seconds=60,
-        )
+        stream = _watch(pods, k8s_namespace, page.resource_version)
         async with closing(stream) as frames:
             await core.create_namespaced_pod(
                 k8s_namespace, pod_manifest("out-1", cell="a", selected=False)
@@ -247,11 +234,8 @@ async def test_real_too_large_resource_version_on_a_watch_rejects_the_cursor(
         core = client.CoreV1Api(api)
         forged = ForgedCursorCoreV1(core, await future_cursor(core, k8s_namespace), on_watch=True)
         pods = KubernetesAsyncioPodApi(core_v1_api=forged)
-        stream = pods.stream_pods(
-            namespace=k8s_namespace,
-            label_selector=SELECTOR,
-            resource_version="ignored: replaced by the forged cursor",
-            timeout_seconds=30,
+        stream = _watch(
+            pods, k8s_namespace, "ignored: replaced by the forged cursor", timeout_seconds=30
         )
         async with closing(stream) as frames:
             frame = await asyncio.wait_for(anext(frames), WAIT_SECONDS)
@@ -293,12 +277,7 @@ async def test_plain_watch_from_a_future_cursor_is_accepted_and_silent(
         core, pods = _pod_api(api)
         future = await future_cursor(core, k8s_namespace)
         started = time.monotonic()
-        stream = pods.stream_pods(
-            namespace=k8s_namespace,
-            label_selector=SELECTOR,
-            resource_version=future,
-            timeout_seconds=2,
-        )
+        stream = _watch(pods, k8s_namespace, future, timeout_seconds=2)
         async with closing(stream) as frames:
             await core.create_namespaced_pod(k8s_namespace, pod_manifest("p-0", cell="a"))
             received = [frame async for frame in frames]
