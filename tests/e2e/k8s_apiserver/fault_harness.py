@@ -42,6 +42,9 @@ def pod_api(core_v1: Any, **options: float) -> KubernetesAsyncioPodApi:
     return KubernetesAsyncioPodApi(core_v1_api=core_v1, **known)
 
 
+MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
 @dataclass
 class Faulted:
     """A running `Cells` behind `proxy`, and a CoreV1Api straight to the apiserver."""
@@ -95,6 +98,19 @@ class Faulted:
 
     async def create(self, name: str, *, cell: str) -> None:
         await _retrying(lambda: self.cells.create(name, cell=cell), what=f"create {name}")
+
+    async def move(self, name: str, *, cell: str) -> None:
+        """Relabels the pod into `cell` straight on the apiserver (no retry: the proxy is what is
+        faulted, not the write)."""
+        await raw_json(
+            self.direct.patch_namespaced_pod(
+                name,
+                self.namespace,
+                {"metadata": {"labels": {CELL_LABEL: cell}}},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        )
 
     async def delete(self, name: str) -> None:
         await _retrying(

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from miles.utils.k8s_testenv.http_fault_proxy import WATCH, RewriteFrame
-from tests.e2e.k8s_apiserver.fault_harness import faulted_cells, raw_json
+from tests.e2e.k8s_apiserver.fault_harness import faulted_cells
 from tests.e2e.k8s_apiserver.harness import CELL_LABEL
 
 pytestmark = [pytest.mark.k8s_apiserver, pytest.mark.usefixtures("behind_the_fault_proxy")]
@@ -27,7 +27,6 @@ RETRY = 0.5
 """`retry_delay`: the first backoff step lies in [0.5, 1.0) s."""
 LIST_SLACK = 2.0
 """What a relist and the loop's apply may take on top of the step, on two shared cores."""
-_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 def _edited(edit: Callable[[dict[str, Any]], None]) -> Callable[[bytes], bytes]:
@@ -77,15 +76,7 @@ async def _move_under_a_rewrite(
         lists = len(faulted.cells.api.lists)
         fault = faulted.proxy.add(WATCH, RewriteFrame(rewrite, what), count=1)
         moved = time.monotonic()
-        await raw_json(
-            faulted.direct.patch_namespaced_pod(
-                "a-0",
-                namespace,
-                {"metadata": {"labels": {CELL_LABEL: "b"}}},
-                _content_type=_MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        await faulted.move("a-0", cell="b")
         await faulted.store_equals_list(within=2 * RETRY + LIST_SLACK, what=what)
         took = time.monotonic() - moved
         assert fault.applied == 1, f"the proxy never met the frame to rewrite ({what})"

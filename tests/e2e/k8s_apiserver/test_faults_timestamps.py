@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from miles.utils.k8s_testenv.http_fault_proxy import WATCH, Respond
-from tests.e2e.k8s_apiserver.fault_harness import faulted_cells, raw_json
-from tests.e2e.k8s_apiserver.harness import CELL_LABEL, eventually
+from tests.e2e.k8s_apiserver.fault_harness import MERGE_PATCH, faulted_cells, raw_json
+from tests.e2e.k8s_apiserver.harness import eventually
 
 pytestmark = [pytest.mark.k8s_apiserver, pytest.mark.usefixtures("behind_the_fault_proxy")]
 
 OUT_OF_RANGE_TIME = "0000-01-01T00:00:00Z"
-_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 async def test_a_timestamp_the_apiserver_accepts_keeps_the_pod_under_its_parent_across_a_relist(
@@ -39,7 +38,7 @@ async def test_a_timestamp_the_apiserver_accepts_keeps_the_pod_under_its_parent_
                 "a-0",
                 k8s_namespace,
                 {"status": {"conditions": [stamp]}},
-                _content_type=_MERGE_PATCH,
+                _content_type=MERGE_PATCH,
                 _preload_content=False,
             )
         )
@@ -47,15 +46,7 @@ async def test_a_timestamp_the_apiserver_accepts_keeps_the_pod_under_its_parent_
             faulted.direct.read_namespaced_pod("a-0", k8s_namespace, _preload_content=False)
         )
         assert OUT_OF_RANGE_TIME in json.dumps(stored["status"]["conditions"])
-        await raw_json(
-            faulted.direct.patch_namespaced_pod(
-                "a-0",
-                k8s_namespace,
-                {"metadata": {"labels": {CELL_LABEL: "b"}}},
-                _content_type=_MERGE_PATCH,
-                _preload_content=False,
-            )
-        )
+        await faulted.move("a-0", cell="b")
         await faulted.store_equals_list(within=5.0, what="a pod with a year-0 time moved to b")
         lists = len(faulted.cells.api.lists)
         faulted.proxy.add(WATCH, Respond(410, in_band=True), count=1)
