@@ -67,6 +67,16 @@ def _fake_kind_on_path(directory: Path, reported_version: str) -> Path:
     return script
 
 
+def _download_fake(cache_dir: Path, base_url: str) -> Path:
+    """The pinned download of the fake binary, its checksum the right one."""
+    return kind.download_pinned_kind(
+        cache_dir=cache_dir,
+        base_url=base_url,
+        asset=ASSET,
+        expected_sha256=hashlib.sha256(FAKE_BINARY).hexdigest(),
+    )
+
+
 def test_pins_are_exact_versions_and_digests() -> None:
     """The pin is one release, every asset has a 64-hex SHA-256, the node image is by digest."""
     assert re.fullmatch(r"v\d+\.\d+\.\d+", kind.KIND_VERSION)
@@ -79,12 +89,7 @@ def test_download_with_the_right_checksum_is_kept_executable(
     tmp_path: Path, release_server: tuple[str, list[str]]
 ) -> None:
     base_url, requests = release_server
-    binary = kind.download_pinned_kind(
-        cache_dir=tmp_path,
-        base_url=base_url,
-        asset=ASSET,
-        expected_sha256=hashlib.sha256(FAKE_BINARY).hexdigest(),
-    )
+    binary = _download_fake(tmp_path, base_url)
     assert binary.read_bytes() == FAKE_BINARY
     assert binary.stat().st_mode & 0o111
     assert requests == [f"/{kind.KIND_VERSION}/{ASSET}"]
@@ -128,12 +133,7 @@ def test_cached_file_with_a_wrong_checksum_is_replaced_by_a_verified_download(
 ) -> None:
     base_url, requests = release_server
     (tmp_path / f"{ASSET}-{kind.KIND_VERSION}").write_bytes(b"tampered")
-    binary = kind.download_pinned_kind(
-        cache_dir=tmp_path,
-        base_url=base_url,
-        asset=ASSET,
-        expected_sha256=hashlib.sha256(FAKE_BINARY).hexdigest(),
-    )
+    binary = _download_fake(tmp_path, base_url)
     assert binary.read_bytes() == FAKE_BINARY
     assert len(requests) == 1
 

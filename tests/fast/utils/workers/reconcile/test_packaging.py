@@ -66,17 +66,22 @@ _IMPORT_WITHOUT_KUBERNETES = textwrap.dedent(
 )
 
 
-def test_loop_imports_in_an_environment_without_kubernetes_asyncio(tmp_path: Path) -> None:
-    """Packaging: ``kubernetes_asyncio`` is an optional extra, so the runtime core (and
-    ``import miles.utils.workers.reconcile.loop``) must import with it blocked."""
-    done = subprocess.run(
-        [sys.executable, "-c", _IMPORT_WITHOUT_KUBERNETES, *_CORE_MODULES],
-        cwd=tmp_path,
+def _python(cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """`python -c ...` in `cwd`, its output captured, bounded at a minute."""
+    return subprocess.run(
+        [sys.executable, "-c", *argv],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_loop_imports_in_an_environment_without_kubernetes_asyncio(tmp_path: Path) -> None:
+    """Packaging: ``kubernetes_asyncio`` is an optional extra, so the runtime core (and
+    ``import miles.utils.workers.reconcile.loop``) must import with it blocked."""
+    done = _python(tmp_path, _IMPORT_WITHOUT_KUBERNETES, *_CORE_MODULES)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "imported ReconcileLoop"
 
@@ -124,14 +129,7 @@ def test_the_runtime_and_its_command_line_never_import_the_test_environment(
     """Packaging: what ships as the runtime (every module under ``miles.utils.workers.reconcile``,
     its command line included, with ``watch --help``, ``--help`` and ``--version`` run) imports
     with ``miles.utils.k8s_testenv`` blocked; ``env`` and ``demo`` arrive as entry points."""
-    done = subprocess.run(
-        [sys.executable, "-c", _IMPORT_WITHOUT_TESTENV],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _python(tmp_path, _IMPORT_WITHOUT_TESTENV)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[0]) >= 12, done.stdout
 
