@@ -510,6 +510,12 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 SERVICE_HOST, SERVICE_PORT = "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"
 
 
+def require_client() -> None:
+    """Raises ``ImportError`` naming ``kubernetes_asyncio`` where the ``[k8s]`` extra is missing, so
+    a command says what to install before it looks for a configuration it could not use."""
+    import kubernetes_asyncio  # noqa: F401
+
+
 def in_cluster_possible(
     environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
 ) -> bool:

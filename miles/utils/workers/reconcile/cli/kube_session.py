@@ -29,6 +29,7 @@ from miles.utils.workers.reconcile.k8s_api import (
     in_cluster_configuration,
     in_cluster_possible,
     kubeconfig_configuration,
+    require_client,
 )
 from miles.utils.workers.reconcile.k8s_errors import InClusterConfigError, KubernetesConfigError
 
@@ -63,6 +64,7 @@ async def _configure(
     """controller-runtime's order (``config.GetConfig``): ``--kubeconfig``; else, unless
     ``KUBECONFIG`` is set (or ``--context`` names a kubeconfig context), the service account when
     in a pod; else ``KUBECONFIG`` or ``~/.kube/config``."""
+    require_client()
     in_cluster_first = not (target.kubeconfig or target.context or environ.get("KUBECONFIG"))
     if in_cluster_first and in_cluster_possible(environ, service_account):
         return _in_cluster(target, environ, service_account)

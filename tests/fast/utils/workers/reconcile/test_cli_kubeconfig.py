@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from miles.utils.workers.reconcile import cli
-from miles.utils.workers.reconcile.cli.failures import CliError
+from miles.utils.workers.reconcile.cli.failures import CliError, describe_failure
 from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, _configure
 from miles.utils.workers.reconcile.cli.kubeconfig import (
     KubeconfigError,
@@ -301,3 +302,16 @@ async def test_in_a_pod_the_service_account_comes_before_the_home_kubeconfig(
     assert (await _configure(KubeTarget(), from_env, str(tmp_path), account))[3] == "home"
     outside = {"HOME": str(tmp_path)}
     assert (await _configure(KubeTarget(), outside, str(tmp_path), account))[3] == "home"
+
+
+async def test_a_missing_kubernetes_extra_is_named_before_any_configuration_is_looked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without the ``[k8s]`` extra and without any configuration, the one line is the extra's (the
+    installed wheel's ``watch`` said "no Kubernetes configuration" instead)."""
+    monkeypatch.setitem(sys.modules, "kubernetes_asyncio", None)
+    with pytest.raises(ImportError) as raised:
+        await _configure(KubeTarget(), {}, str(tmp_path), tmp_path / "no-account")
+    assert describe_failure(raised.value) == (
+        "kubernetes_asyncio is not installed: pip install 'miles-reconcile[k8s]'"
+    )
