@@ -7,10 +7,10 @@ The image is built here (`python_image`, the host's interpreter and a pip-instal
 and imported into the node's containerd; `deploy/colocate-pairing.yaml` is applied as it is in the
 repository. Every assertion reads the apiserver (pods, the Lease) or the controller pods' logs,
 streamed from their start: gated pods are released once each, by the Lease's holder; deleting the
-leader hands over within LeaseDuration + 2 x RetryPeriod x 2.2 (the standby is already running, so
-no pod start is in it); a rollout restart never shows two holders and releases each pod once; a
-Role without `patch` gives one line per attempt (the loop's, no stack) on the backoff, and the
-leader turns unready.
+leader hands over within LeaseDuration + 2 x RetryPeriod x 2.2 (to the standby, or to the
+Deployment's replacement when it starts and polls first); a rollout restart never shows two
+holders and releases each pod once; a Role without `patch` gives one line per attempt (the loop's,
+no stack) on the backoff, and the leader turns unready.
 """
 
 from __future__ import annotations
@@ -328,16 +328,23 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
         # Deleting the leader hands over within the bound.
         deleted_at = time.monotonic()
         await cluster.core_v1.delete_namespaced_pod(leader, NAMESPACE)
-        standby = next(p for p in ready if p != leader)
 
-        async def standby_holds() -> bool:
+        # The standby usually takes it; the Deployment's replacement pod may start and poll
+        # first once the old leader released the Lease on SIGTERM, which is as good a handover.
+        async def another_holds() -> str | None:
             holder: str | None = await cluster.holder()
-            return bool(holder == standby)
+            return holder if holder not in (None, leader) else None
 
-        await until(standby_holds, what=f"{standby} holding the Lease", timeout_seconds=SECONDS)
+        successor = await until(
+            another_holds,
+            what=f"a pod other than {leader} holding the Lease",
+            timeout_seconds=SECONDS,
+            seen=lambda: f"holders {cluster.holders[-3:]}\n{cluster.logs.dump()}",
+        )
         handover = time.monotonic() - deleted_at
         print(
-            f"handover after deleting the leader: {handover:.1f} s (bound {HANDOVER_BOUND:.1f} s)"
+            f"handover after deleting the leader: {handover:.1f} s to {successor}"
+            f" (bound {HANDOVER_BOUND:.1f} s)"
         )
         assert handover <= HANDOVER_BOUND
 
