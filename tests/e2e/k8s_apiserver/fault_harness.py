@@ -38,7 +38,7 @@ def pod_api(core_v1: Any, **options: float) -> KubernetesAsyncioPodApi:
     """A `KubernetesAsyncioPodApi` with those of `options` its constructor accepts, so a test of a
     promise fails on what the code does, not on a keyword it does not know yet."""
     accepted = inspect.signature(KubernetesAsyncioPodApi).parameters
-    known = {name: value for name, value in options.items() if name in accepted}
+    known: dict[str, Any] = {name: value for name, value in options.items() if name in accepted}
     return KubernetesAsyncioPodApi(core_v1_api=core_v1, **known)
 
 

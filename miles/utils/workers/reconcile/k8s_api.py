@@ -31,9 +31,11 @@ from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from miles.utils.workers.reconcile.arguments import positive_finite
+from miles.utils.workers.reconcile.arguments import optional_period, positive_finite
+from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
+    FrameDecodeError,
     InClusterConfigError,
     KubernetesApiError,
     KubernetesConfigError,
@@ -41,9 +43,10 @@ from miles.utils.workers.reconcile.k8s_errors import (
     exception_rejects_cursor,
     parse_retry_after,
 )
-from miles.utils.workers.reconcile.k8s_framing import iter_line_batches
+from miles.utils.workers.reconcile.k8s_framing import ByteStream, iter_line_batches
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, UndecodedPodPage
 from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_watch_health import WatchHealthCheck
 from miles.utils.workers.reconcile.k8s_wire import (
     decode_pod_list,
     decode_status,
@@ -54,6 +57,7 @@ from miles.utils.workers.reconcile.k8s_wire import (
 
 __all__ = [
     "WATCH_IDLE_TIMEOUT",
+    "WATCH_PROBE_AFTER",
     "KubernetesAsyncioLeaseApi",
     "KubernetesAsyncioPodApi",
     "KubernetesPodApi",
@@ -65,10 +69,20 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 WATCH_IDLE_TIMEOUT = 90.0
-"""Seconds a watch may deliver no byte before it is ended as dead: 1.5 times the watch cache's
-bookmark interval (``defaultBookmarkFrequency`` = 1 min, apiserver ``storage/cacher``), so a healthy
-watch on a cached apiserver never reaches it; a cache-less apiserver sends no bookmarks, and its
-idle watch is then re-opened from the cursor every 90 s."""
+"""Seconds a watch that cannot be probed may deliver no byte before it is ended as dead: 1.5 times
+the watch cache's bookmark interval (``defaultBookmarkFrequency`` = 1 min, apiserver
+``storage/cacher``), so a healthy watch on a cached apiserver never reaches it. It holds where
+``watch_probe_after`` is off, during a streaming list's initial events (no cursor yet), and for a
+read whose probe the apiserver answered without telling (410 Expired, 429, 5xx)."""
+WATCH_PROBE_AFTER = 30.0
+"""Seconds of silence after which a watch is probed on another connection (client-go's HTTP/2
+``ReadIdleTimeout``); ``k8s_watch_health`` has the rest of the rule."""
+PROBE_TIMEOUT_SECONDS = 1
+"""The probe watch's ``timeoutSeconds``: events from before it began come at once, so it needs only
+to be answered."""
+PROBE_DEADLINE = 15.0
+"""The probe's client deadline, connecting included: client-go's HTTP/2 ``PingTimeout``, so a
+watch whose apiserver cannot be reached ends 45 s after its last byte, as client-go's does."""
 _ERROR_BODY_BYTES = 64 * 2**10
 
 
@@ -77,11 +91,17 @@ class KubernetesAsyncioPodApi:
     ``CoreV1Api``.
 
     Every request carries a client-side deadline, because ``kubernetes_asyncio`` sends none by
-    default and a half-open HTTP/1.1 socket then hangs forever: a watch that delivers no byte for
-    ``watch_idle_timeout`` seconds ends (``KubernetesConnectionError``, ``idle``), and every watch
-    ends at most ``watch_read_margin`` seconds after its ``timeout_seconds``; a LIST that goes
-    silent for ``list_read_timeout`` seconds fails, and connecting is bounded by
-    ``connect_timeout``.
+    default and a half-open HTTP/1.1 socket then hangs forever: every watch ends at most
+    ``watch_read_margin`` seconds after its ``timeout_seconds``; a LIST that goes silent for
+    ``list_read_timeout`` seconds fails, and connecting is bounded by ``connect_timeout``.
+
+    A watch silent for ``watch_probe_after`` seconds (30 s) is probed on another connection
+    (``k8s_watch_health``): one the apiserver had an event for ends within seconds
+    (``KubernetesConnectionError``, ``stalled``), an idle one is kept, probed again every 15 s of
+    silence. Where it cannot be probed, or with ``watch_probe_after=None``, a watch that delivers
+    no byte for ``WATCH_IDLE_TIMEOUT`` (90 s) ends (``idle``). ``watch_idle_timeout``, when given,
+    is a read-idle deadline on every watch, probed or not, as before the probe existed. ``clock``
+    times the probes (a ``FakeClock`` in tests).
     """
 
     def __init__(
@@ -91,13 +111,24 @@ class KubernetesAsyncioPodApi:
         connect_timeout: float = 10.0,
         list_read_timeout: float = 75.0,
         watch_read_margin: float = 10.0,
-        watch_idle_timeout: float = WATCH_IDLE_TIMEOUT,
+        watch_idle_timeout: float | None = None,
+        watch_probe_after: float | None = WATCH_PROBE_AFTER,
+        clock: Clock | None = None,
     ) -> None:
         self._core = core_v1_api
         self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
         self._list_read_timeout = positive_finite("list_read_timeout", list_read_timeout)
         self._watch_read_margin = positive_finite("watch_read_margin", watch_read_margin)
-        self._watch_idle_timeout = positive_finite("watch_idle_timeout", watch_idle_timeout)
+        self._watch_idle_timeout = (
+            None
+            if watch_idle_timeout is None
+            else positive_finite("watch_idle_timeout", watch_idle_timeout)
+        )
+        self._watch_probe_after = optional_period("watch_probe_after", watch_probe_after)
+        self._clock = clock or RealClock()
+        self._read_idle_deadline = self._watch_idle_timeout or (
+            WATCH_IDLE_TIMEOUT if self._watch_probe_after is None else None
+        )
 
     async def list_pods(
         self,
@@ -179,35 +210,110 @@ class KubernetesAsyncioPodApi:
     async def _watch(
         self, namespace: str, *, timeout_seconds: int, **options: Any
     ) -> AsyncIterator[PodWatchEvent]:
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(
-            total=timeout_seconds + self._watch_read_margin,
-            connect=self._connect_timeout,
-            sock_connect=self._connect_timeout,
-        )
         with _translated("pod watch"):
-            resp = await self._core.list_namespaced_pod(
-                namespace,
-                watch=True,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_seconds,
-                _preload_content=False,
-                _request_timeout=timeout,
-                **options,
+            resp = await self._open_watch(
+                namespace, timeout_seconds, timeout_seconds + self._watch_read_margin, **options
             )
             try:
                 await _raise_for_status(resp)
-                lines = iter_line_batches(resp.content, idle_timeout=self._watch_idle_timeout)
                 listing = bool(options.get("send_initial_events"))
-                with _failing_when_cut_off(resp):
-                    async with aclosing(lines):
-                        async for batch in lines:
-                            for event in decode_watch_read(batch, listing=listing):
-                                listing = listing and not event.initial_events_end
-                                yield event
+                cursor = None if listing else options.get("resource_version")
+                async with self._checked(resp, namespace, options, cursor) as (content, health):
+                    lines = iter_line_batches(content, idle_timeout=self._read_idle_deadline)
+                    with _failing_when_cut_off(resp):
+                        async with aclosing(lines):
+                            async for batch in lines:
+                                for event in decode_watch_read(batch, listing=listing):
+                                    listing = listing and not event.initial_events_end
+                                    if health and not listing and event.resource_version:
+                                        health.cursor = event.resource_version
+                                    yield event
             finally:
                 resp.close()
+
+    async def _open_watch(
+        self, namespace: str, timeout_seconds: int, deadline: float, **options: Any
+    ) -> Any:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(
+            total=deadline, connect=self._connect_timeout, sock_connect=self._connect_timeout
+        )
+        return await self._core.list_namespaced_pod(
+            namespace,
+            watch=True,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            _request_timeout=timeout,
+            **options,
+        )
+
+    @asynccontextmanager
+    async def _checked(
+        self, resp: Any, namespace: str, options: Mapping[str, Any], cursor: str | None
+    ) -> AsyncIterator[tuple[ByteStream, WatchHealthCheck | None]]:
+        """The watch's body under a health check, or as it is when probing is off."""
+        if self._watch_probe_after is None:
+            yield resp.content, None
+            return
+        selector = options.get("label_selector", "")
+
+        async def probe(from_cursor: str) -> str | None:
+            return await self._probe(namespace, selector, from_cursor)
+
+        health = WatchHealthCheck(
+            resp.content,
+            probe=probe,
+            probe_after=self._watch_probe_after,
+            backstop=WATCH_IDLE_TIMEOUT,
+            cursor=cursor,
+            server=_server_of(resp),
+            clock=self._clock,
+        )
+        async with health:
+            yield health, health
+
+    async def _probe(self, namespace: str, label_selector: str, cursor: str) -> str | None:
+        """The resourceVersion of the first pod event after ``cursor``, from a short watch on
+        another connection, or ``None`` if there was none (``k8s_watch_health.Probe``)."""
+        with _translated("pod watch probe"):
+            resp = await self._open_watch(
+                namespace,
+                PROBE_TIMEOUT_SECONDS,
+                PROBE_DEADLINE,
+                label_selector=label_selector,
+                resource_version=cursor,
+            )
+            try:
+                await _raise_for_status(resp)
+                with _failing_when_cut_off(resp):
+                    async with aclosing(iter_line_batches(resp.content)) as lines:
+                        async for batch in lines:
+                            if (missed := _first_event(batch)) is not None:
+                                return missed
+            finally:
+                resp.close()
+        return None
+
+
+def _first_event(batch: list[bytes]) -> str | None:
+    """The resourceVersion of the first pod event in a probe's ``batch``; an unreadable frame is
+    an event too. Raises ``KubernetesApiError`` for an ERROR frame (410 Expired: undecided)."""
+    try:
+        for event in decode_watch_read(batch, listing=False):
+            if event.type == "ERROR":
+                raise KubernetesApiError(event.code or 500, "ERROR frame", event.reason)
+            if event.pod is not None:
+                return event.resource_version or "?"
+    except FrameDecodeError as err:
+        return err.resource_version or "?"
+    return None
+
+
+def _server_of(resp: Any) -> str | None:
+    url = getattr(resp, "url", None)
+    return None if url is None or url.host is None else f"{url.host}:{url.port}"
 
 
 def _list_query(options: ListOptions) -> dict[str, Any]:

@@ -94,13 +94,17 @@ class ConnectionFailure(StrEnum):
     """A client deadline ended the request."""
     IDLE = "idle"
     """A watch delivered no byte within its read-idle deadline."""
+    STALLED = "stalled"
+    """A watch delivered nothing while the apiserver, asked on another connection, had an event for
+    it: its connection is dead though still open."""
     BROKEN = "broken"
     """The connection broke, was cut mid-body, or its response was malformed."""
 
 
 class KubernetesConnectionError(ConnectionError):
     """A LIST or WATCH that failed below HTTP: the connection was refused (``refused``), could not
-    be made, broke, was cut mid-body, or went silent past its read deadline (``idle``).
+    be made, broke, was cut mid-body, went silent past its read deadline (``idle``), or stayed
+    silent while the apiserver had an event for it (``stalled``).
 
     ``kind`` says which (``refused=True`` and ``idle=True`` are shorthands for its two values the
     reflector reads); ``server`` is the ``host:port`` it was talking to when the transport knows

@@ -34,7 +34,7 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
     status,
 )
 from miles.utils.workers.reconcile import k8s_wire
-from miles.utils.workers.reconcile.clock import RealClock, settle
+from miles.utils.workers.reconcile.clock import FakeClock, RealClock, settle
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, as_kubernetes_error
 from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
@@ -113,7 +113,7 @@ def stream(*chunks: bytes | float, cut: bool = False) -> Handler:
 
 
 @asynccontextmanager
-async def serving(server: Apiserver, **timeouts: float) -> AsyncIterator[KubernetesAsyncioPodApi]:
+async def serving(server: Apiserver, **timeouts: Any) -> AsyncIterator[KubernetesAsyncioPodApi]:
     app = web.Application()
     app.router.add_get("/api/v1/namespaces/{namespace}/pods", server.handle)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
@@ -582,6 +582,95 @@ async def test_idle_deadline_restarts_with_every_chunk() -> None:
         events, failure = await collect_until_failure(api, timeout_seconds=300)
     assert [e.resource_version for e in events] == ["101", "102", "103", "104"]
     assert failure is None
+
+
+class ParkingClock(FakeClock):
+    """A ``FakeClock`` that says when something parks on it again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parked = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.parked.set()
+        await super().sleep(seconds)
+
+    async def parks(self) -> None:
+        """Real time until the next sleeper parks (a probe's answer has arrived)."""
+        async with asyncio.timeout(_HANG_GUARD_SECONDS):
+            await self.parked.wait()
+        self.parked.clear()
+
+
+async def test_a_silent_watch_the_apiserver_had_an_event_for_ends_stalled() -> None:
+    """Row "HTTP/2 health check": a watch silent for 30 s (a ``FakeClock``) after the frame at
+    resourceVersion 101 is probed by a second watch from 101 (``timeoutSeconds=1``, bookmarks,
+    the same selector); the probe delivers event 102, the watch still nothing 2 s later: it ends
+    ``stalled``, after the frame it delivered, naming the server and both resourceVersions."""
+    clock = ParkingClock()
+    first = frame("ADDED", realistic_pod("a", resource_version="101"))
+    missed = frame("MODIFIED", realistic_pod("a", resource_version="102"))
+    server = Apiserver(watches=[stream(first, 3600.0), stream(missed)])
+    async with serving(server, watch_read_margin=60.0, clock=clock) as api:
+        watch = asyncio.ensure_future(collect_until_failure(api, timeout_seconds=300))
+        await clock.parks()
+        await clock.advance(30.0)
+        await clock.parks()
+        assert not watch.done()
+        await clock.advance(2.0)
+        events, failure = (await _ended(watch)).result()
+    assert [e.resource_version for e in events] == ["101"]
+    assert isinstance(failure, KubernetesConnectionError)
+    assert failure.kind is ConnectionFailure.STALLED
+    assert "resourceVersion=102 after resourceVersion=101" in str(failure)
+    assert str(failure.server).startswith("127.0.0.1:")
+    probe = server.requests[1].query
+    assert (probe["watch"], probe["allowWatchBookmarks"], probe["labelSelector"]) == (
+        "True",
+    ) * 2 + ("",)
+    assert (probe["resourceVersion"], probe["timeoutSeconds"]) == ("101", "1")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [stream(bookmark("150")), body(pod_bytes(status(410, "Expired")), code=410)],
+    ids=["nothing but a bookmark", "410 Expired"],
+)
+async def test_a_silent_watch_whose_probe_sees_no_event_is_kept(answer: Handler) -> None:
+    """The probe finds no event (a bookmark only), or cannot tell (410): the watch is kept."""
+    clock = ParkingClock()
+    first = frame("ADDED", realistic_pod("a", resource_version="101"))
+    server = Apiserver(watches=[stream(first, 3600.0), answer])
+    async with serving(server, watch_read_margin=60.0, clock=clock) as api:
+        watch = asyncio.ensure_future(collect_until_failure(api, timeout_seconds=300))
+        await clock.parks()
+        await clock.advance(30.0)
+        await clock.parks()
+        await clock.advance(2.0)
+        assert not watch.done()
+        watch.cancel()
+    assert len(server.requests) == 2
+
+
+def test_the_old_constructor_keywords_still_build_the_transport() -> None:
+    """A public API is a promise: the keywords from before the probe, ``watch_idle_timeout`` as a
+    number among them, are accepted; ``watch_probe_after`` is checked like the others, and
+    ``None`` or 0 switch the probe off."""
+    old = KubernetesAsyncioPodApi(
+        core_v1_api=object(),
+        connect_timeout=5.0,
+        list_read_timeout=30.0,
+        watch_read_margin=5.0,
+        watch_idle_timeout=45.0,
+    )
+    assert isinstance(old, KubernetesAsyncioPodApi)
+    for off in (None, 0):
+        KubernetesAsyncioPodApi(core_v1_api=object(), watch_probe_after=off)
+    for bad in ("30", float("nan"), True):
+        with pytest.raises(ValueError, match="watch_probe_after"):
+            KubernetesAsyncioPodApi(core_v1_api=object(), watch_probe_after=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="watch_idle_timeout"):
+        KubernetesAsyncioPodApi(core_v1_api=object(), watch_idle_timeout=-1.0)
 
 
 @pytest.mark.parametrize("close", [True, False], ids=["then closed", "then silent"])
