@@ -16,7 +16,8 @@ request decides it; `Respond` answers new requests itself, `BlackHole` swallows 
 the rest of open responses (the connection is never closed), `CorruptChunk` breaks the next chunk
 of a chunked response (new or open) with a bad chunk-size line or a chunk not ended by CRLF, and
 then holds the connection open; `RewriteFrame` forwards the next pod frame of a watch (ADDED,
-MODIFIED or DELETED) rewritten.
+MODIFIED or DELETED) rewritten. `freeze()` stops the responses streaming now (a watch) where they
+are, connections kept open, while new requests go through: a NAT entry expired under a watch.
 Every request is recorded in `requests` (bounded), with what the proxy did to it.
 
 Like `TcpProxy`, it runs its own event loop on a daemon thread, so a busy test loop does not stall
@@ -242,6 +243,13 @@ class _Connection:
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     holding: bool = False
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    streaming: RequestHead | None = None
+    frozen: bool = False
+    last_sent: float = 0.0
+
+    def send(self, data: bytes) -> None:
+        self.client.write(data)
+        self.last_sent = time.monotonic()
 
     def drop_upstream(self) -> None:
         if self.upstream is not None:
@@ -376,6 +384,13 @@ class HttpFaultProxy:
         """Resets every black-holed connection (the client gets a reset); returns how many."""
         return await asyncio.wrap_future(self._thread.submit(self._reset(all_of_them=False)))
 
+    async def freeze(self, match: Match = WATCH) -> list[float]:
+        """Freezes every response `match` fits that is streaming now: nothing more of it reaches
+        the client, whose connection stays open and silent, while new requests are served as
+        before. Returns when each frozen response last sent its client a byte
+        (`time.monotonic()`); `reset_held()` ends them."""
+        return await asyncio.wrap_future(self._thread.submit(self._freeze(match)))
+
     async def cut(self) -> int:
         """Resets every client connection now, open watches included; returns how many."""
         return await asyncio.wrap_future(self._thread.submit(self._reset(all_of_them=True)))
@@ -425,6 +440,16 @@ class HttpFaultProxy:
         if self._server is not None:
             self._server.close()
 
+    async def _freeze(self, match: Match) -> list[float]:
+        frozen = [
+            c
+            for c in self._connections
+            if c.streaming is not None and not (c.holding or c.frozen) and match(c.streaming)
+        ]
+        for connection in frozen:
+            connection.frozen = True
+        return [connection.last_sent for connection in frozen]
+
     async def _reset(self, *, all_of_them: bool) -> int:
         chosen = [c for c in self._connections if all_of_them or c.holding]
         for connection in chosen:
@@ -473,18 +498,19 @@ class HttpFaultProxy:
             # Go's transport does for a request that got no byte of response.
             connection.drop_upstream()
             upstream_r, status_line, headers, raw_head = await self._send(connection, head, body)
-        client = connection.client
-        client.write(raw_head)
-        await client.drain()
+        connection.send(raw_head)
+        await connection.client.drain()
         if head.method == "HEAD" or _status_code(status_line) in (204, 304):
             return
+        connection.streaming = head
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            await self._pump_chunks(head, upstream_r, client)
+            await self._pump_chunks(head, upstream_r, connection)
         elif "content-length" in headers:
-            await self._pump_length(head, upstream_r, client, int(headers["content-length"]))
+            await self._pump_length(head, upstream_r, connection, int(headers["content-length"]))
         else:
-            await self._pump_length(head, upstream_r, client, None)
+            await self._pump_length(head, upstream_r, connection, None)
             raise _Close
+        connection.streaming = None
         if headers.get("connection", "").lower() == "close":
             raise _Close
 
@@ -509,16 +535,18 @@ class HttpFaultProxy:
         return connection.upstream
 
     async def _pump_chunks(
-        self, head: RequestHead, upstream: asyncio.StreamReader, client: asyncio.StreamWriter
+        self, head: RequestHead, upstream: asyncio.StreamReader, connection: _Connection
     ) -> None:
+        client = connection.client
         while True:
             size_line = await _read_line(upstream)
+            self._hold_if_frozen(head, connection)
             size = int(size_line.split(b";", 1)[0].strip(), 16)
             if size == 0:
                 trailers = b""
                 while line := await _read_line(upstream):
                     trailers += line + b"\r\n"
-                client.write(size_line + b"\r\n" + trailers + b"\r\n")
+                connection.send(size_line + b"\r\n" + trailers + b"\r\n")
                 await client.drain()
                 return
             data = await upstream.readexactly(size)
@@ -531,19 +559,19 @@ class HttpFaultProxy:
                     size_line = b"%x" % len(data)
             action = self._take(head, (BlackHole, CorruptChunk))
             if isinstance(action, CorruptChunk):
-                client.write(action.breakage(data))
+                connection.send(action.breakage(data))
                 await client.drain()
             if action is not None:
                 self._record(head, f"response {action.describe()}")
                 raise _Hold
-            client.write(size_line + b"\r\n" + data + b"\r\n")
+            connection.send(size_line + b"\r\n" + data + b"\r\n")
             await client.drain()
 
     async def _pump_length(
         self,
         head: RequestHead,
         upstream: asyncio.StreamReader,
-        client: asyncio.StreamWriter,
+        connection: _Connection,
         length: int | None,
     ) -> None:
         remaining = length
@@ -553,13 +581,19 @@ class HttpFaultProxy:
                 if remaining is None:
                     return
                 raise _Close
+            self._hold_if_frozen(head, connection)
             if self._take(head, (BlackHole,)) is not None:
                 self._record(head, "response black-holed")
                 raise _Hold
-            client.write(piece)
-            await client.drain()
+            connection.send(piece)
+            await connection.client.drain()
             if remaining is not None:
                 remaining -= len(piece)
+
+    def _hold_if_frozen(self, head: RequestHead, connection: _Connection) -> None:
+        if connection.frozen:
+            self._record(head, "response frozen")
+            raise _Hold
 
 
 def _read_json(path: Path) -> Any:
