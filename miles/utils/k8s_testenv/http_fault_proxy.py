@@ -16,8 +16,10 @@ request decides it; `Respond` answers new requests itself, `BlackHole` swallows 
 the rest of open responses (the connection is never closed), `CorruptChunk` breaks the next chunk
 of a chunked response (new or open) with a bad chunk-size line or a chunk not ended by CRLF, and
 then holds the connection open; `RewriteFrame` forwards the next pod frame of a watch (ADDED,
-MODIFIED or DELETED) rewritten. `freeze()` stops the responses streaming now (a watch) where they
-are, connections kept open, while new requests go through: a NAT entry expired under a watch.
+MODIFIED or DELETED) rewritten (`without_name` and `cut_in_name` are two rewrites). A `Match` can
+pick one client by its User-Agent, and `RewriteFrame` and `CorruptChunk` one pod's frames.
+`freeze()` stops the responses streaming now (a watch) where they are, connections kept open,
+while new requests go through: a NAT entry expired under a watch.
 Every request is recorded in `requests` (bounded), with what the proxy did to it.
 
 Like `TcpProxy`, it runs its own event loop on a daemon thread, so a busy test loop does not stall
@@ -96,16 +98,20 @@ class RequestHead:
 @dataclass(frozen=True)
 class Match:
     """Which requests a fault applies to: the method, watch or not (None: both), a regular
-    expression searched in the path, and query parameters that must be present (value None) or
-    equal to a value."""
+    expression searched in the path, query parameters that must be present (value None) or
+    equal to a value, and how the User-Agent begins (which client: Go's names the binary,
+    `kubernetes_asyncio`'s is `OpenAPI-Generator/`)."""
 
     method: str | None = "GET"
     watch: bool | None = None
     path: str = ""
     query: Mapping[str, str | None] = field(default_factory=dict)
+    user_agent: str = ""
 
     def __call__(self, head: RequestHead) -> bool:
         if self.method is not None and head.method != self.method:
+            return False
+        if not head.headers.get("user-agent", "").startswith(self.user_agent):
             return False
         if self.watch is not None and head.is_watch != self.watch:
             return False
@@ -165,9 +171,11 @@ class CorruptChunk:
     a frame), then break the chunked framing; then forward nothing and keep it open.
 
     `framing="size"` breaks it with a chunk-size line that is not hex; `"terminator"` with a chunk
-    whose data is not followed by CRLF (its size announces fewer bytes than follow)."""
+    whose data is not followed by CRLF (its size announces fewer bytes than follow). With `pod`,
+    the next chunk that is a frame about that pod (its `metadata.name`)."""
 
     framing: Literal["size", "terminator"] = "size"
+    pod: str | None = None
 
     def describe(self) -> str:
         return "chunk corrupted" if self.framing == "size" else "chunk terminator corrupted"
@@ -186,16 +194,43 @@ class RewriteFrame:
     """Forward the next chunk of a watch response that opens a pod frame (ADDED, MODIFIED or
     DELETED) as `rewrite` returns it (the chunk's bytes in, what to send out: a frame without a
     name, a cut line, bytes that are not a frame), then go on forwarding. `what` names the
-    rewrite in the request record."""
+    rewrite in the request record; with `pod`, only a frame about that pod is taken."""
 
     rewrite: Callable[[bytes], bytes]
     what: str = "rewritten"
+    pod: str | None = None
 
     def describe(self) -> str:
         return f"frame {self.what}"
 
 
 _POD_FRAME_OPENINGS = tuple(b'{"type":"%s"' % kind for kind in (b"ADDED", b"MODIFIED", b"DELETED"))
+_NAME_OPENING = b'"name":"'
+
+
+def without_name(chunk: bytes) -> bytes:
+    """A rewrite: the frame with its object's `metadata.name` taken out, otherwise whole."""
+    frame = json.loads(chunk)
+    del frame["object"]["metadata"]["name"]
+    return json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+
+
+def cut_in_name(chunk: bytes) -> bytes:
+    """A rewrite: the frame cut one byte into its object's name (the first `"name"` of a pod
+    frame), then a newline. Cut inside a string, the line is unreadable to any JSON reader at
+    once; cut between two tokens, Go's `json.Decoder` would read on into the next frame and fail
+    only when that one came."""
+    start = chunk.index(_NAME_OPENING) + len(_NAME_OPENING)
+    return chunk[: start + 1] + b"\n"
+
+
+def frame_about(chunk: bytes, pod: str) -> bool:
+    """Whether a chunk is one watch frame whose object is named `pod`."""
+    try:
+        return bool(json.loads(chunk)["object"]["metadata"]["name"] == pod)
+    except (ValueError, KeyError, TypeError):
+        return False
+
 
 Action = Respond | BlackHole | CorruptChunk | RewriteFrame
 
@@ -404,11 +439,18 @@ class HttpFaultProxy:
             r for r in requests if (since is None or r.at >= since) and (match is None or match(r))
         ]
 
-    def _take(self, head: RequestHead, kinds: tuple[type, ...]) -> Action | None:
+    def _take(
+        self, head: RequestHead, kinds: tuple[type, ...], chunk: bytes = b""
+    ) -> Action | None:
         now = time.monotonic()
         with self._lock:
             for fault in self._faults:
-                if isinstance(fault.action, kinds) and fault.live(now) and fault.match(head):
+                if (
+                    isinstance(fault.action, kinds)
+                    and fault.live(now)
+                    and fault.match(head)
+                    and _about_its_pod(fault.action, chunk)
+                ):
                     fault.applied += 1
                     return fault.action
         return None
@@ -551,13 +593,17 @@ class HttpFaultProxy:
                 return
             data = await upstream.readexactly(size)
             await upstream.readexactly(2)
+            if client.is_closing():
+                # The client went away while the proxy waited on the apiserver: this watch must
+                # not take a fault meant for the client's next one.
+                raise _Close
             if data.startswith(_POD_FRAME_OPENINGS):
-                rewrite = self._take(head, (RewriteFrame,))
+                rewrite = self._take(head, (RewriteFrame,), data)
                 if isinstance(rewrite, RewriteFrame):
                     data = rewrite.rewrite(data)
                     self._record(head, f"response {rewrite.describe()}")
                     size_line = b"%x" % len(data)
-            action = self._take(head, (BlackHole, CorruptChunk))
+            action = self._take(head, (BlackHole, CorruptChunk), data)
             if isinstance(action, CorruptChunk):
                 connection.send(action.breakage(data))
                 await client.drain()
@@ -594,6 +640,12 @@ class HttpFaultProxy:
         if connection.frozen:
             self._record(head, "response frozen")
             raise _Hold
+
+
+def _about_its_pod(action: Action, chunk: bytes) -> bool:
+    if not isinstance(action, (RewriteFrame, CorruptChunk)) or action.pod is None:
+        return True
+    return frame_about(chunk, action.pod)
 
 
 def _read_json(path: Path) -> Any:

@@ -1,7 +1,8 @@
 """What a checkpoint expects of each view, and the diff it prints when one is wrong.
 
 Layer: k8s_apiserver (differential), though pure: it proves the comparison can fail, names the pod
-and the view, and expects the recorded deviation (parent-less pods are not in our store) exactly.
+and the view, and expects the recorded deviation (parent-less pods are not in our store) exactly,
+and client-go's ghost after a frame without a name exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from miles.utils.k8s_testenv.testing.differential.views import (
+    GHOST_NAME,
     Comparison,
+    NamelessGhost,
     PodRow,
     status_of_json,
     status_of_pod,
@@ -87,3 +90,25 @@ def test_the_status_summary_of_our_decoded_pod_equals_the_one_of_its_json(case: 
     assert rejects == []
     assert status_of_pod(page.pods[0]) == status_of_json(raw)
     assert status_of_json(raw).startswith(f"{raw['status'].get('phase')} ready=")
+
+
+def test_client_go_keeping_a_nameless_frame_as_a_ghost_is_told_exactly() -> None:
+    """After a frame without a name client-go holds the pod's new state under the empty name and
+    the pod at its older resourceVersion; that and nothing else is the predicted ghost."""
+    moved = PodRow(uid=A.uid, resource_version="13", parent="cell-1")
+    truth = {"a": moved, "b": B}
+    ghost = NamelessGhost("a")
+    kept = {GHOST_NAME: moved, "a": A, "b": B}
+    explained = ghost.explain(Comparison(truth=truth, ours=truth, oracle=kept, reconciled=truth))
+    assert explained is not None
+    assert "rv=13" in explained
+    assert "kept a at rv=10" in explained
+    for wrong in (
+        {GHOST_NAME: moved, "a": A},
+        {GHOST_NAME: moved, "a": moved, "b": B},
+        {GHOST_NAME: B, "a": A, "b": B},
+        {"a": A, "b": B},
+        truth,
+    ):
+        comparison = Comparison(truth=truth, ours=truth, oracle=wrong, reconciled=truth)
+        assert ghost.explain(comparison) is None, wrong

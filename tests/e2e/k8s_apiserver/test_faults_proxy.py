@@ -3,7 +3,8 @@ faults say, against the real kube-apiserver: it forwards LIST and WATCH unchange
 TLS; it answers a chosen status to LIST or WATCH for a count or a duration (a 429 with its
 Retry-After, a 410 in-band as an ERROR event, a 410 to a paged LIST's continuation only); it cuts a
 watch's chunked body mid-frame with a bad chunk-size line and keeps the connection open; it
-black-holes a watch without closing it and later resets it on request. Waits are bounded reads.
+black-holes a watch without closing it and later resets it on request; a frame fault goes to a
+watch whose client is there, never to one whose client went away. Waits are bounded reads.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from miles.utils.k8s_testenv.http_fault_proxy import (
     CorruptChunk,
     HttpFaultProxy,
     Respond,
+    RewriteFrame,
+    without_name,
 )
 from tests.e2e.k8s_apiserver.harness import create_pod
 
@@ -211,3 +214,27 @@ async def test_black_holes_an_open_watch_without_closing_it_until_reset(
     assert status == 200
     assert [item["metadata"]["name"] for item in listed["items"]] == ["a-0"]
     assert reset == 1
+
+
+async def test_a_watch_whose_client_went_away_takes_no_frame_fault(
+    cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """A watch whose client reset its connection stays open upstream until its next frame; that
+    frame must not take the fault meant for the client's next watch (as when the differential
+    restarts client-go and then breaks a frame)."""
+    async with _through_proxy(cached_kubeconfig, tmp_path) as (proxy, core, direct):
+        _, _, body = await _list(core, k8s_namespace)
+        version = body["metadata"]["resourceVersion"]
+        gone = await _watch(core, k8s_namespace, version)
+        gone.connection.transport.abort()
+        gone.release()
+        await asyncio.sleep(0.5)
+        fault = proxy.add(WATCH, RewriteFrame(without_name, "without a name"), count=1)
+        live = await _watch(core, k8s_namespace, version)
+        await create_pod(direct, k8s_namespace, "a-0", cell="a")
+        line = await asyncio.wait_for(live.content.readline(), _READ)
+        live.release()
+    event = json.loads(line)
+    assert event["type"] == "ADDED"
+    assert "name" not in event["object"]["metadata"]
+    assert fault.applied == 1

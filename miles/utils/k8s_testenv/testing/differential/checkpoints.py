@@ -19,6 +19,7 @@ from miles.utils.k8s_testenv.testing.differential.ours import OurLoopError, OurV
 from miles.utils.k8s_testenv.testing.differential.stats import Convergence, Stats
 from miles.utils.k8s_testenv.testing.differential.views import (
     Comparison,
+    NamelessGhost,
     PodRow,
     View,
     view_of,
@@ -26,6 +27,10 @@ from miles.utils.k8s_testenv.testing.differential.views import (
 )
 
 _POLL_INTERVAL = 0.1
+GHOST_HOLD = 5.0
+"""Seconds client-go's view must stay exactly the predicted ghost before it counts as kept: more
+than Go's longest first backoff step (1.6 s) and a LIST, by which a client-go that noticed the
+frame would have relisted."""
 
 
 class _ListFailed(Exception):
@@ -50,17 +55,23 @@ class Checkpoints:
         self._oracle_process: tuple[int | None, int] = (None, 0)
         """The oracle's pid and its LISTs at the last comparison."""
 
-    async def checkpoint(self, what: str, *, healed_at: float | None = None) -> Convergence | None:
-        """Polls until every view matches what it should, twice in a row on the same LIST.
+    async def checkpoint(
+        self, what: str, *, healed_at: float | None = None, ghost: NamelessGhost | None = None
+    ) -> Convergence | None:
+        """Polls until every view matches what it should, twice in a row on the same LIST; with
+        `ghost`, client-go's view may instead be exactly that ghost for `GHOST_HOLD` seconds.
 
         Returns, after a fault, how long each client took from `healed_at` to match for good.
         """
         started = time.monotonic()
         origin = started if healed_at is None else healed_at
         deadline = started + self._config.quiesce_timeout
-        matched_since: dict[str, float | None] = dict.fromkeys(("ours", "client-go", "reconciled"))
+        matched_since: dict[str, float | None] = dict.fromkeys(
+            ("ours", "client-go", "reconciled", "ghost")
+        )
         previous_truth: View | None = None
         last: Comparison | None = None
+        kept_ghost: str | None = None
         list_error = ""
         while True:
             self._rig.check_alive()
@@ -72,16 +83,22 @@ class Checkpoints:
                 comparison = None
             if comparison is not None:
                 last = comparison
+                ghost_seen = None if ghost is None else ghost.explain(comparison)
                 for view, ok in (
                     ("ours", comparison.ours_matches),
                     ("client-go", comparison.oracle_matches),
                     ("reconciled", comparison.ours_matches and comparison.reconciled_matches),
+                    ("ghost", ghost_seen is not None),
                 ):
                     if not ok:
                         matched_since[view] = None
                     elif matched_since[view] is None:
                         matched_since[view] = now
-                if comparison.all_match and comparison.truth == previous_truth:
+                kept_ghost = ghost_seen if _held(matched_since["ghost"], now) else None
+                settled = comparison.all_match or (
+                    kept_ghost is not None and matched_since["reconciled"] is not None
+                )
+                if settled and comparison.truth == previous_truth:
                     self.agreed = comparison.truth
                     break
                 previous_truth = comparison.truth
@@ -94,7 +111,10 @@ class Checkpoints:
             return None
         since = {view: max(0.0, (at or origin) - origin) for view, at in matched_since.items()}
         return Convergence(
-            ours=since["ours"], client_go=since["client-go"], reconciled=since["reconciled"]
+            ours=since["ours"],
+            client_go=None if kept_ghost is not None else since["client-go"],
+            reconciled=since["reconciled"],
+            client_go_diverged=kept_ghost,
         )
 
     async def agreed_checkpoint(self, what: str) -> View:
@@ -166,3 +186,7 @@ class Checkpoints:
         if status != 200:
             raise _ListFailed(f"fresh LIST answered HTTP {status}: {body}")
         return view_of_json(body["items"], parent_of=parent_of)
+
+
+def _held(since: float | None, now: float) -> bool:
+    return since is not None and now - since >= GHOST_HOLD

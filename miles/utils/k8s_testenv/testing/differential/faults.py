@@ -2,7 +2,9 @@
 
 Go counterpart: none. The TCP proxy cuts and silences connections, the HTTP proxy answers chosen
 statuses, corrupts chunks and black-holes connections, and the control plane restarts its
-apiserver and etcd, compacts history and restores etcd from a snapshot.
+apiserver and etcd, compacts history and restores etcd from a snapshot. The broken frames
+(issue 26.1) break the frame of one write on each client's watch, one proxy fault per client
+told apart by its User-Agent, and are timed from that write.
 """
 
 from __future__ import annotations
@@ -22,19 +24,39 @@ from miles.utils.k8s_testenv.http_fault_proxy import (
     Action,
     BlackHole,
     CorruptChunk,
+    Fault,
     Match,
     Respond,
+    RewriteFrame,
+    cut_in_name,
+    without_name,
 )
 from miles.utils.k8s_testenv.kwok import Kwok
 from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig, LogFn
+from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.lifecycle import Rig, server_address
-from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind
+from miles.utils.k8s_testenv.testing.differential.oracle_client import ORACLE_USER_AGENT
+from miles.utils.k8s_testenv.testing.differential.ours import OURS_USER_AGENT
+from miles.utils.k8s_testenv.testing.differential.scenario import BROKEN_FRAMES, FaultKind, OpKind
 from miles.utils.k8s_testenv.testing.differential.stats import Stats
+from miles.utils.k8s_testenv.testing.differential.views import NamelessGhost
 from miles.utils.k8s_testenv.testing.differential.writer import Writer
 
 logger = logging.getLogger(__name__)
 
 _IN_FAULT_OPS = 3
+_FRAME_MET_WITHIN = 15.0
+"""Seconds for each client's watch to carry the write's frame to the proxy (a watch being
+reopened replays it from the client's cursor)."""
+
+
+@dataclass(frozen=True)
+class Healed:
+    """When a fault was healed (a broken frame: when its write was sent), and the ghost client-go
+    is expected to keep after it, if any."""
+
+    at: float
+    ghost: NamelessGhost | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,19 +72,24 @@ class Faults:
     kwok: Kwok | None = None
     kubelet_churn: bool = False
 
-    async def inject(self, fault: FaultKind) -> float | None:
+    async def inject(self, fault: FaultKind) -> Healed | None:
         """Applies the fault and heals it; returns when it was healed, or None if skipped."""
         try:
-            healed_at = await self._fault(fault)
+            healed = await self._fault(fault)
         except FaultUnsupportedError as err:
             self.stats.skipped[fault.value] = str(err)
             self.log(f"differential: skipped {fault.value}: {err}")
             return None
         self.stats.faults[fault] += 1
-        return healed_at
+        return healed
 
-    async def _fault(self, fault: FaultKind) -> float:
+    async def _fault(self, fault: FaultKind) -> Healed:
         logger.warning("differential: injecting %s", fault.value)
+        if fault in BROKEN_FRAMES:
+            return await self._break_a_frame(fault)
+        return Healed(await self._healed_at(fault))
+
+    async def _healed_at(self, fault: FaultKind) -> float:
         own = {
             FaultKind.APISERVER_RESTART: self._restart_target_apiserver,
             FaultKind.COMPACT_410: self._compact_then_cut,
@@ -119,6 +146,38 @@ class Faults:
         held = await self.rig.http_proxy.reset_held()
         logger.warning("differential: reset %d dead connection(s)", held)
         return time.monotonic()
+
+    async def _break_a_frame(self, fault: FaultKind) -> Healed:
+        """A label write to a pod both clients hold, whose frame the proxy breaks on each client's
+        watch (issue 26.1): without its name, cut inside its name, or in a chunk whose framing
+        breaks (that connection then held open and silent). A frame without a name decodes in Go,
+        so client-go is expected to keep the ghost `NamelessGhost` describes."""
+        pod = self.writer.held_pod()
+        if pod is None:
+            raise FaultUnsupportedError("no pod both clients hold to write to")
+        proxy = self.rig.http_proxy
+        armed = {
+            agent: proxy.add(
+                Match(watch=True, path=PODS, user_agent=agent), self._breakage(fault, pod), count=1
+            )
+            for agent in (OURS_USER_AGENT, ORACLE_USER_AGENT)
+        }
+        try:
+            written_at = time.monotonic()
+            await self.writer.mutate(OpKind.RELABEL, pod)
+            await _until_applied(armed, f"{fault.value} of {pod}")
+        finally:
+            for one in armed.values():
+                proxy.remove(one)
+        ghost = NamelessGhost(pod) if fault is FaultKind.FRAME_WITHOUT_NAME else None
+        return Healed(written_at, ghost)
+
+    def _breakage(self, fault: FaultKind, pod: str) -> Action:
+        if fault is FaultKind.FRAME_WITHOUT_NAME:
+            return RewriteFrame(without_name, "without a name", pod=pod)
+        if fault is FaultKind.FRAME_CUT:
+            return RewriteFrame(cut_in_name, "cut inside its name", pod=pod)
+        return self.rng.choice([CorruptChunk(pod=pod), CorruptChunk(framing="terminator", pod=pod)])
 
     @contextlib.contextmanager
     def _http_fault(self, match: Match, action: Action) -> Iterator[None]:
@@ -235,6 +294,19 @@ class Faults:
         finally:
             await self.rig.ours.reconcile_fault(delay=0.0, raises=False)
         return time.monotonic()
+
+
+async def _until_applied(armed: dict[str, Fault], what: str) -> None:
+    """Returns once every client's fault met its frame; `HarnessAborted` naming the client whose
+    watch never carried it."""
+    deadline = time.monotonic() + _FRAME_MET_WITHIN
+    while missing := [agent for agent, fault in armed.items() if fault.applied == 0]:
+        if time.monotonic() > deadline:
+            raise HarnessAborted(
+                f"{what}: no frame about it reached the proxy on the watch of "
+                f"{', '.join(missing)}* within {_FRAME_MET_WITHIN:.0f}s"
+            )
+        await asyncio.sleep(0.05)
 
 
 async def _until_accepting(

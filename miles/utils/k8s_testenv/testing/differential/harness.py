@@ -12,10 +12,11 @@ proxy is cut or silent. After every step it polls until three views agree and st
 - client-go's store, read from `tools/k8s/oracle`;
 - our store, plus what the last reconcile of each parent read.
 
-`views.py` says what each must equal. A checkpoint that does not settle within `quiesce_timeout`
-raises `DivergenceError` with a table of every pod some view has wrong; a comparison that could
-not be made (the oracle or the proxy died, the LIST kept failing) raises `HarnessAborted`. Neither
-is ever counted as a success.
+`views.py` says what each must equal (and the one deviation Go's semantics predict for client-go
+after a watch frame without a name: counted apart, client-go restarted). A checkpoint that does not
+settle within `quiesce_timeout` raises `DivergenceError` with a table of every pod some view has
+wrong; a comparison that could not be made (the oracle or the proxy died, the LIST kept failing)
+raises `HarnessAborted`. Neither is ever counted as a success.
 
 Where the plane runs the real node, the kubelet churn of engine pods on it (`kubelet_churn.py`:
 crashes, readiness flips, graceful deletes, recreations) is among the operations; elsewhere it is
@@ -46,13 +47,14 @@ from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
 from miles.utils.k8s_testenv.testing.differential.checkpoints import Checkpoints
 from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig, LogFn
 from miles.utils.k8s_testenv.testing.differential.errors import DivergenceError, HarnessAborted
-from miles.utils.k8s_testenv.testing.differential.faults import Faults
+from miles.utils.k8s_testenv.testing.differential.faults import Faults, Healed
 from miles.utils.k8s_testenv.testing.differential.kubelet_churn import KubeletChurn
 from miles.utils.k8s_testenv.testing.differential.lifecycle import OursFactory, Rig
 from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleProcess
 from miles.utils.k8s_testenv.testing.differential.ours import PARENT_LABEL, OurLoop
 from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, Step, soak_step
 from miles.utils.k8s_testenv.testing.differential.stats import Convergence, Stats
+from miles.utils.k8s_testenv.testing.differential.views import NamelessGhost
 from miles.utils.k8s_testenv.testing.differential.writer import Writer, pod_labels
 
 
@@ -216,14 +218,18 @@ class DifferentialHarness:
     async def run_step(self, step: Step, *, label: str) -> None:
         parts = self._started
         lists_before = parts.checkpoints.relist_counts()
+        healed: Healed | None = None
         if isinstance(step, FaultKind):
-            healed_at = await parts.faults.inject(step)
-            if healed_at is None:
+            healed = await parts.faults.inject(step)
+            if healed is None:
                 return
         else:
             await parts.writer.apply(step)
-            healed_at = None
-        comparison_time = await self.checkpoint(f"{label} {step.value}", healed_at=healed_at)
+        comparison_time = await self.checkpoint(
+            f"{label} {step.value}",
+            healed_at=None if healed is None else healed.at,
+            ghost=None if healed is None else healed.ghost,
+        )
         ours, oracle = parts.checkpoints.relist_counts()
         if isinstance(step, FaultKind) and comparison_time is not None:
             self.stats.convergence.setdefault(step, []).append(comparison_time)
@@ -232,13 +238,32 @@ class DifferentialHarness:
             self._log(
                 f"differential: {label} {step.value}: converged after {comparison_time.ours:.2f}s "
                 f"(ours; reconciled {comparison_time.reconciled:.2f}s) / "
-                f"{comparison_time.client_go:.2f}s (client-go), relists "
+                f"{_client_go_time(comparison_time)}, relists "
                 f"{ours - lists_before[0]}/{oracle - lists_before[1]}"
             )
+            if comparison_time.client_go_diverged is not None:
+                await self._restart_diverged_client_go(step, label)
 
-    async def checkpoint(self, what: str, *, healed_at: float | None = None) -> Convergence | None:
-        """Polls until every view matches what it should, twice in a row on the same LIST.
+    async def _restart_diverged_client_go(self, step: FaultKind, label: str) -> None:
+        """client-go kept what Go's semantics predict after `step`: counted apart, then a new
+        client-go process (its LIST counted with the old one's) and a checkpoint, so that the
+        steps after it compare both clients again."""
+        self.stats.client_go_diverged[step] += 1
+        await self._rig.restart_oracle()
+        await self.checkpoint(f"{label} {step.value}: client-go restarted")
+
+    async def checkpoint(
+        self, what: str, *, healed_at: float | None = None, ghost: NamelessGhost | None = None
+    ) -> Convergence | None:
+        """Polls until every view matches what it should, twice in a row on the same LIST; with
+        `ghost`, client-go may keep that ghost instead (`Checkpoints.checkpoint`).
 
         Returns, after a fault, how long each client took from `healed_at` to match for good.
         """
-        return await self._started.checkpoints.checkpoint(what, healed_at=healed_at)
+        return await self._started.checkpoints.checkpoint(what, healed_at=healed_at, ghost=ghost)
+
+
+def _client_go_time(convergence: Convergence) -> str:
+    if convergence.client_go is None:
+        return f"never (client-go, as Go's semantics predict: {convergence.client_go_diverged})"
+    return f"{convergence.client_go:.2f}s (client-go)"

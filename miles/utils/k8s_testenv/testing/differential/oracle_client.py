@@ -21,6 +21,8 @@ from typing import Any
 from miles.utils.k8s_testenv.process import spawn_piped
 
 _EXIT_GRACE = 5.0
+ORACLE_USER_AGENT = "oracle/"
+"""How the oracle's requests' User-Agent begins: Go's default names the binary."""
 _LOG_TAIL_LINES = 20
 _LINE_LIMIT = 256 * 2**20
 """One snapshot is one line: about 150 bytes a pod, so this is far above any soak's store."""

@@ -31,6 +31,10 @@ from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 PARENT_LABEL = "miles.diff/parent"
+RETRY_DELAY = 0.5
+"""Our reflector's first backoff step is [RETRY_DELAY, 2 * RETRY_DELAY) (jitter 1.0)."""
+OURS_USER_AGENT = "OpenAPI-Generator/"
+"""How our loop's requests' User-Agent begins: `kubernetes_asyncio`'s default."""
 
 _READ_TIMEOUT = 30.0
 _READY_TIMEOUT = 120.0
@@ -132,7 +136,7 @@ class OurLoop:
             namespace=settings.namespace,
             label_selector=settings.selector,
             watch_timeout_seconds=settings.watch_timeout_seconds,
-            retry_delay=0.5,
+            retry_delay=RETRY_DELAY,
             streaming_list=settings.streaming_list,
         )
         self._loop = ReconcileLoop(

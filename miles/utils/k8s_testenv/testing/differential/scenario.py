@@ -55,9 +55,17 @@ class FaultKind(enum.StrEnum):
     THROTTLED_429 = "throttled-429"
     CORRUPT_CHUNK = "corrupt-chunk"
     DEAD_CONNECTION = "dead-connection"
+    FRAME_WITHOUT_NAME = "frame-without-name"
+    FRAME_CUT = "frame-json-cut"
+    FRAME_CHUNK_CORRUPT = "frame-chunk-corrupt"
     RECONCILE_SLOW = "reconcile-slow"
     RECONCILE_RAISES = "reconcile-raises"
 
+
+BROKEN_FRAMES = frozenset(
+    (FaultKind.FRAME_WITHOUT_NAME, FaultKind.FRAME_CUT, FaultKind.FRAME_CHUNK_CORRUPT)
+)
+"""Faults that break the frame of one write on each client's watch (issue 26.1), timed from it."""
 
 Step = OpKind | FaultKind
 _PAIRS = ((OpKind.LEAVE, OpKind.REENTER), (OpKind.ORPHAN, OpKind.ADOPT))

@@ -13,11 +13,14 @@ from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind
 @dataclass
 class Convergence:
     """Seconds from a fault being healed to each view matching the fresh LIST for good;
-    `reconciled` is when, in addition, every parent's last reconcile had read its final members."""
+    `reconciled` is when, in addition, every parent's last reconcile had read its final members.
+    `client_go` is None when client-go did not converge and `client_go_diverged` says how, by Go's
+    semantics (a ghost the harness predicted, `views.NamelessGhost`)."""
 
     ours: float
-    client_go: float
+    client_go: float | None
     reconciled: float
+    client_go_diverged: str | None = None
 
 
 @dataclass
@@ -34,6 +37,9 @@ class Stats:
     convergence: dict[str, list[Convergence]] = field(default_factory=dict)
     kubelet: Counter[str] = field(default_factory=Counter)
     """Kubelet-written states of engine pods that ours, client-go and a fresh LIST agreed on."""
+    client_go_diverged: Counter[str] = field(default_factory=Counter)
+    """Faults after which client-go kept the deviation Go's semantics predict (not divergences:
+    the harness restarts client-go after each and compares again)."""
     backend: str = "not started"
     """Where the pods ran (the real node, KWOK), as the report's first line says."""
 
@@ -59,12 +65,20 @@ class Stats:
             if not samples:
                 continue
             ours = _med_max([s.ours for s in samples])
-            go = _med_max([s.client_go for s in samples])
+            go = _med_max([s.client_go for s in samples if s.client_go is not None])
+            if diverged := self.client_go_diverged[kind]:
+                go = f"never x{diverged}" if go == "-" else f"{go} +{diverged} never"
             reconciled = _med_max([s.reconciled for s in samples])
             relists = f"{self.our_relists[kind]}/{self.oracle_relists[kind]}"
             lines.append(
                 f"  {kind.value:<20} {len(samples):>3}  {ours:>13}  {go:>13}  {reconciled:>15}"
                 f"  {relists:>15}"
+            )
+        for after, count in sorted(self.client_go_diverged.items()):
+            lines.append(
+                f"client-go did not converge after {after} {count} time(s), as Go's semantics "
+                "predict (a nameless pod stored under '<namespace>/', the pod left stale); "
+                "restarted each time, not counted as a divergence"
             )
         if self.kubelet:
             lines.append(
@@ -77,4 +91,6 @@ class Stats:
 
 
 def _med_max(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
     return f"{statistics.median(values):.2f} / {max(values):.2f}"

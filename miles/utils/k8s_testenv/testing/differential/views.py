@@ -11,6 +11,9 @@ consistent LIST is the truth:
   attribute is evicted, where Go would cache it; its status summary, read from our decoded `Pod`,
   must equal the one read from the LIST's JSON;
 - what the last successful reconcile of each parent read must equal our store.
+
+After a watch frame without a name, client-go's store is allowed one deviation, which Go's
+semantics predict exactly (`NamelessGhost`); it is reported, never counted as ours.
 """
 
 from __future__ import annotations
@@ -167,6 +170,38 @@ class Comparison:
                 "client-go": without_status(self.truth),
                 "reconciled": self.ours,
             },
+        )
+
+
+GHOST_NAME = ""
+"""The name of a nameless object in client-go's snapshot; its store keys it `namespace/`."""
+
+
+@dataclass(frozen=True)
+class NamelessGhost:
+    """What client-go does with a watch frame whose pod has no name. The frame decodes, the
+    reflector's `handleAnyWatch` hands it to `store.Update`, `MetaNamespaceKeyFunc` keys it
+    `namespace/` (`ObjectName.String` of an empty name), and the store holds the pod's new state
+    there while the pod itself stays at its older resourceVersion, its cursor now past the write,
+    until something relists (client-go v0.36 `tools/cache/reflector.go`, `object-names.go`)."""
+
+    pod: str
+
+    def explain(self, comparison: Comparison) -> str | None:
+        """How client-go's view is exactly this ghost and nothing else, or None if it is not."""
+        truth = without_status(comparison.truth)
+        oracle = dict(comparison.oracle)
+        ghost, now = oracle.pop(GHOST_NAME, None), truth.get(self.pod)
+        stale = oracle.get(self.pod)
+        if ghost is None or now is None or stale is None or ghost != now:
+            return None
+        if stale.uid != now.uid or stale.resource_version == now.resource_version:
+            return None
+        if {**oracle, self.pod: now} != truth:
+            return None
+        return (
+            f"client-go stored the frame without a name under the key '<namespace>/' "
+            f"(rv={now.resource_version}) and kept {self.pod} at rv={stale.resource_version}"
         )
 
 

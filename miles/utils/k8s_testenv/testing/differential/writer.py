@@ -165,6 +165,16 @@ class Writer:
         else:
             raise ValueError(f"not a per-pod operation: {op}")
 
+    def held_pod(self) -> str | None:
+        """A pod, drawn by the seed, that both clients' stores hold (selected, with a parent,
+        not terminating), or None if there is none."""
+        held = sorted(
+            name
+            for name, pod in self._model.items()
+            if pod.selected and pod.parent is not None and not pod.terminating
+        )
+        return self.rng.choice(held) if held else None
+
     async def reread(self) -> None:
         """The model read again from the server, for after etcd was rolled back: what the
         harness last wrote is then no longer what is there."""
