@@ -6,7 +6,7 @@ apimachinery ``pkg/util/net/http.go``), which HTTP/1.1 cannot send on a watch's 
 it asks ``probe`` whether the apiserver had an event after the watch's cursor (a short watch from
 that cursor on another connection, in ``k8s_api``): an event the watch has still not delivered
 ``PROBE_GRACE`` seconds later ends the read with ``KubernetesConnectionError`` (``stalled``); no
-event keeps the watch, asked again after ``PROBE_EVERY`` more seconds of silence; a probe that
+event keeps the watch, asked again ``PROBE_EVERY`` seconds after the last probe began; a probe that
 cannot reach the apiserver ends the read with the probe's own failure. A probe the server answers
 without telling (410 Expired, 429, 5xx) leaves that read to the read-idle ``backstop``, which also
 holds while the watch has no cursor (a streaming list before its initial events end).
@@ -30,8 +30,8 @@ from miles.utils.workers.reconcile.k8s_errors import (
 from miles.utils.workers.reconcile.k8s_framing import ByteStream
 
 PROBE_EVERY = 15.0
-"""Seconds of further silence between two probes of one read, counted from the end of the last:
-client-go's ``PingTimeout``, so a silent watch costs at most four short probe watches a minute."""
+"""Seconds from one probe of a silent read to the next: client-go's ``PingTimeout``, so a silent
+watch costs at most four short probe watches a minute."""
 PROBE_GRACE = 2.0
 """Seconds the watch may take to deliver an event a probe has seen before it is judged dead: the
 apiserver sends one event to all its watchers at once, so a live connection delivers it within
@@ -117,7 +117,7 @@ class WatchHealthCheck:
         return None if self._reading is None else _Read(self._reads, self._read_began)
 
     async def _keep(self) -> None:
-        probed = (0, 0.0)  # the read last probed, and when that probe ended
+        probed = (0, 0.0)  # the read last probed, and when that probe began
         undecided = 0  # a read whose probe the server answered without telling
         while True:
             read = self._waiting()
@@ -134,13 +134,14 @@ class WatchHealthCheck:
             if (wait := due - self._now()) > 0:
                 await self._clock.sleep(wait)
                 continue
+            asked = self._now()
             answer = self._read_idle() if cursor is None else await self._ask(read, cursor)
             if isinstance(answer, Exception):
                 if self._end(read, answer):
                     return
             elif answer is _Answer.UNDECIDED:
                 undecided = read.number
-            probed = (read.number, self._now())
+            probed = (read.number, asked)
 
     async def _ask(self, read: _Read, cursor: str) -> _Answer | Exception:
         """What a probe from ``cursor`` says of the watch: alive, undecided, or the error that

@@ -52,10 +52,13 @@ class Apiserver:
     cursors: list[str] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     clock: FakeClock = field(default_factory=FakeClock)
+    takes: float = 0.0
 
     async def probe(self, cursor: str) -> str | None:
         self.cursors.append(cursor)
         self.times.append(self.clock.time())
+        if self.takes:
+            await self.clock.sleep(self.takes)
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, Exception):
             raise answer
@@ -103,6 +106,20 @@ async def test_an_idle_watch_is_kept_and_probed_every_15s_of_silence() -> None:
         read.cancel()
     assert apiserver.times == [AFTER + PROBE_EVERY * n for n in range(19)]
     assert set(apiserver.cursors) == {"7"}
+
+
+@pytest.mark.parametrize("takes", [10.0, 20.0])
+async def test_probes_of_one_read_begin_15s_apart_and_never_overlap(takes: float) -> None:
+    """A probe that takes 10 s is followed by the next 15 s after it began; one that takes 20 s
+    (past ``PROBE_EVERY``, within the transport's 15 s deadline plus a wait for a connection) by
+    the next as it ends, never two at once."""
+    apiserver = Apiserver(takes=takes)
+    async with checked(apiserver) as (_, health):
+        read = reading(health)
+        await apiserver.clock.advance(100.0)
+        read.cancel()
+    gap = max(PROBE_EVERY, takes)
+    assert apiserver.times == [AFTER + gap * n for n in range(int((100.0 - AFTER) // gap) + 1)]
 
 
 async def test_a_watch_missing_an_event_the_probe_saw_ends_after_the_grace() -> None:
