@@ -3,14 +3,16 @@ faults say, against the real kube-apiserver: it forwards LIST and WATCH unchange
 TLS; it answers a chosen status to LIST or WATCH for a count or a duration (a 429 with its
 Retry-After, a 410 in-band as an ERROR event, a 410 to a paged LIST's continuation only); it cuts a
 watch's chunked body mid-frame with a bad chunk-size line and keeps the connection open; it
-black-holes a watch without closing it and later resets it on request; a frame fault goes to a
-watch whose client is there, never to one whose client went away. Waits are bounded reads.
+black-holes a watch without closing it and later resets it on request; it freezes the watch open
+now while new ones are served; a frame fault goes to a watch whose client is there, never to one
+whose client went away. Waits are bounded reads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -238,3 +240,28 @@ async def test_a_watch_whose_client_went_away_takes_no_frame_fault(
     assert event["type"] == "ADDED"
     assert "name" not in event["object"]["metadata"]
     assert fault.applied == 1
+
+
+async def test_freezes_the_open_watch_while_a_new_watch_is_served(
+    cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """`freeze()` stops the watch streaming now where it is, its connection open and silent, and
+    returns the time it last sent a byte; a new watch from the same resourceVersion, on another
+    connection, gets the event the frozen one never receives; `reset_held()` then resets it."""
+    async with _through_proxy(cached_kubeconfig, tmp_path) as (proxy, core, direct):
+        _, _, body = await _list(core, k8s_namespace)
+        version = body["metadata"]["resourceVersion"]
+        frozen = await _watch(core, k8s_namespace, version)
+        before = time.monotonic()
+        last_bytes = await proxy.freeze(WATCH)
+        await create_pod(direct, k8s_namespace, "a-0", cell="a")
+        fresh = await _watch(core, k8s_namespace, version)
+        line = await asyncio.wait_for(fresh.content.readline(), _READ)
+        fresh.release()
+        await _read_nothing_more(frozen)
+        reset = await proxy.reset_held()
+        frozen.release()
+    assert len(last_bytes) == 1
+    assert last_bytes[0] <= before
+    assert json.loads(line)["type"] == "ADDED"
+    assert reset == 1

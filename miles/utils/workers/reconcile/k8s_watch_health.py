@@ -132,7 +132,8 @@ class WatchHealthCheck:
             else:
                 due = read.began + self._probe_after
             if (wait := due - self._now()) > 0:
-                await self._clock.sleep(wait)
+                # At most probe_after: a read without a cursor may be followed by one with it.
+                await self._clock.sleep(min(wait, self._probe_after))
                 continue
             asked = self._now()
             answer = self._read_idle() if cursor is None else await self._ask(read, cursor)

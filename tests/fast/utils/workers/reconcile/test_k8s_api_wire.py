@@ -652,6 +652,58 @@ async def test_a_silent_watch_whose_probe_sees_no_event_is_kept(answer: Handler)
     assert len(server.requests) == 2
 
 
+async def _streaming_list(
+    api: KubernetesAsyncioPodApi,
+) -> tuple[list[str | None], Exception | None]:
+    seen: list[str | None] = []
+    try:
+        async for event in api.stream_pod_list(
+            namespace="ns", label_selector="", timeout_seconds=300
+        ):
+            seen.append(event.resource_version)
+    except Exception as err:
+        return seen, err
+    return seen, None
+
+
+@pytest.mark.parametrize("ended", [True, False], ids=["initial events ended", "still listing"])
+async def test_a_streaming_list_is_probed_only_from_its_initial_events_end(ended: bool) -> None:
+    """A streaming list's initial events carry no cursor: silent before its initial-events-end
+    bookmark, it is not probed and ends at the 90 s read-idle backstop; silent after it, it is
+    probed from the bookmark's resourceVersion at 30 s and kept."""
+    clock = ParkingClock()
+    added = b"".join(frame("ADDED", realistic_pod(f"p{i}", resource_version="7")) for i in range(3))
+    end = frame(
+        "BOOKMARK",
+        {
+            "metadata": {
+                "resourceVersion": "8",
+                "annotations": {INITIAL_EVENTS_END_ANNOTATION: "true"},
+            }
+        },
+    )
+    opened = stream(added + end if ended else added, 3600.0)
+    server = Apiserver(watches=[opened, stream(bookmark("9"))])
+    async with serving(server, watch_read_margin=60.0, clock=clock) as api:
+        watch = asyncio.ensure_future(_streaming_list(api))
+        await clock.parks()
+        await clock.advance(30.0)
+        if ended:
+            await clock.parks()
+        await clock.advance(60.0)
+        done = watch.done()
+        watch.cancel()
+        seen, failure = await watch if done else ([], None)
+    assert {r.query.get("resourceVersion") for r in server.requests[1:]} == (
+        {"8"} if ended else set()
+    )
+    assert done is not ended
+    if not ended:
+        assert seen == ["7", "7", "7"]
+        assert isinstance(failure, KubernetesConnectionError)
+        assert failure.idle
+
+
 def test_the_old_constructor_keywords_still_build_the_transport() -> None:
     """A public API is a promise: the keywords from before the probe, ``watch_idle_timeout`` as a
     number among them, are accepted; ``watch_probe_after`` is checked like the others, and

@@ -206,6 +206,23 @@ async def test_without_a_cursor_only_the_backstop_holds() -> None:
     assert apiserver.cursors == []
 
 
+async def test_a_read_with_a_cursor_after_one_without_is_probed_30s_after_it_began() -> None:
+    """A streaming list's reads before its initial events end have no cursor (the check waits on
+    the backstop, 90 s from the read's start); the read after the end bookmark, begun at 40 s, is
+    probed at 70 s, not when the earlier read's backstop would have come."""
+    apiserver = Apiserver()
+    async with checked(apiserver, cursor=None) as (content, health):
+        first = reading(health)
+        await apiserver.clock.advance(40.0)
+        content.deliver()
+        await first
+        health.cursor = "8"
+        read = reading(health)
+        await apiserver.clock.advance(40.0)
+        read.cancel()
+    assert apiserver.times == [40.0 + AFTER]
+
+
 async def test_time_between_reads_is_not_silence() -> None:
     """The consumer holds a batch for 100 s between reads: no probe then; the next read is probed
     30 s after it began."""
