@@ -5,7 +5,8 @@ service-account key; RBAC lets the account list and watch pods in its namespace 
 A loop configured from a service-account folder (token, ca.crt, namespace) and
 KUBERNETES_SERVICE_HOST/_PORT keeps working when its token file is swapped for another valid
 token and the old one is revoked (its bound Secret deleted), across an apiserver restart that
-forces every request to authenticate again: the token file is re-read as client-go re-reads it.
+forces every request to authenticate again: the token file is re-read as client-go re-reads it
+(after 50 s, and before the next request once one was refused 401).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from tests.e2e.k8s_apiserver.harness import eventually
 
 ACCOUNT = "controller"
 AFTER_ROTATION_SECONDS = 150.0
-"""client-go and kubernetes_asyncio cache the token file for a minute; the reflector's backoff
-caps at 30 s: a re-read token is in use within about 90 s of the swap."""
+"""The first 401 makes the next request read the token file again (client-go's
+``ResetTokenOlderThan``), one backoff step later; 150 s leaves room for the apiserver's restart."""
 
 
 async def _admin(api: Any, namespace: str) -> None:

@@ -26,6 +26,7 @@ import asyncio
 import errno
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
@@ -171,7 +172,7 @@ class KubernetesAsyncioPodApi:
                 **_list_query(options),
             )
             try:
-                await _raise_for_status(resp)
+                await _raise_for_status(resp, self._core)
                 with _failing_when_cut_off(resp):
                     if on_head is None:
                         body: bytes = await resp.read()
@@ -215,7 +216,7 @@ class KubernetesAsyncioPodApi:
                 namespace, timeout_seconds, timeout_seconds + self._watch_read_margin, **options
             )
             try:
-                await _raise_for_status(resp)
+                await _raise_for_status(resp, self._core)
                 listing = bool(options.get("send_initial_events"))
                 cursor = None if listing else options.get("resource_version")
                 async with self._checked(resp, namespace, options, cursor) as (content, health):
@@ -286,7 +287,7 @@ class KubernetesAsyncioPodApi:
                 resource_version=cursor,
             )
             try:
-                await _raise_for_status(resp)
+                await _raise_for_status(resp, self._core)
                 with _failing_when_cut_off(resp):
                     async with aclosing(iter_line_batches(resp.content)) as lines:
                         async for batch in lines:
@@ -528,9 +529,13 @@ def _malformed(err: Any) -> str:
     return f"the HTTP response is malformed ({reason or type(err).__name__})"
 
 
-async def _raise_for_status(resp: Any) -> None:
+async def _raise_for_status(resp: Any, api: Any) -> None:
+    """``KubernetesApiError`` for a non-2xx answer; after a 401, the ``ServiceAccountToken`` of
+    ``api``'s client, if it has one, reads its file again before the next request."""
     if 200 <= resp.status <= 299:
         return
+    if resp.status == 401:
+        _forget_token(api)
     status = decode_status(await resp.content.read(_ERROR_BODY_BYTES))
     raise KubernetesApiError(
         resp.status,
@@ -538,6 +543,13 @@ async def _raise_for_status(resp: Any) -> None:
         status.message or "",
         retry_after=parse_retry_after(resp.headers.get("Retry-After")),
     )
+
+
+def _forget_token(api: Any) -> None:
+    configuration = getattr(getattr(api, "api_client", None), "configuration", None)
+    hook = getattr(configuration, "refresh_api_key_hook", None)
+    if isinstance(hook, ServiceAccountToken):
+        hook.forget()
 
 
 class KubernetesAsyncioLeaseApi:
@@ -592,7 +604,7 @@ class KubernetesAsyncioLeaseApi:
             resp = await method(*args, _preload_content=False, _request_timeout=timeout)
             try:
                 try:
-                    await _raise_for_status(resp)
+                    await _raise_for_status(resp, self._coordination)
                 except KubernetesApiError as error:
                     if error.code == 404:
                         raise LeaseNotFoundError(f"{what}: {error}") from error
@@ -631,32 +643,79 @@ def in_cluster_possible(
     return bool(environ.get(SERVICE_HOST)) and bool(environ.get(SERVICE_PORT)) and token.is_file()
 
 
+TOKEN_CACHE_SECONDS = 50.0
+"""How long a token read from its file is used before the file is read again: client-go's
+``NewCachedFileTokenSource`` (a minute, less its 10 s leeway)."""
+
+
+class ServiceAccountToken:
+    """The bearer token from a mounted file, as a ``Configuration.refresh_api_key_hook``: read
+    before the first request, again once ``TOKEN_CACHE_SECONDS`` have passed, and again before
+    the next request after the apiserver refused one with 401 (``forget``). Go:
+    ``transport.cachingTokenSource`` and ``tokenSourceTransport``'s ``ResetTokenOlderThan``.
+    A file that cannot be read keeps the token last read, with one warning."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._clock = clock
+        self._token: str | None = None
+        self._read_at: float | None = None
+        self._unreadable: str | None = None
+
+    def __call__(self, configuration: Any) -> None:
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= TOKEN_CACHE_SECONDS:
+            self._read(now)
+        if self._token is not None:
+            configuration.api_key["BearerToken"] = f"Bearer {self._token}"
+
+    def forget(self) -> None:
+        """The next request reads the file first."""
+        self._read_at = None
+
+    def _read(self, now: float) -> None:
+        try:
+            token = self.path.read_text().strip()
+        except OSError as err:
+            if self._token is None:
+                raise InClusterConfigError(f"cannot read the token {self.path}: {err}") from None
+            problem = f"{err.strerror or err}"
+            if problem != self._unreadable:
+                logger.warning(
+                    "cannot read the token %s (%s): keeping the one read before", self.path, problem
+                )
+            self._unreadable = problem
+            return
+        self._token, self._read_at, self._unreadable = token, now, None
+
+
 def in_cluster_configuration(
     environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
 ) -> Any:
     """A ``kubernetes_asyncio`` ``Configuration`` from the service account: the server from
-    ``KUBERNETES_SERVICE_HOST``/``_PORT``, the token and CA from ``service_account``. The token file
-    is read again once a minute has passed since the last read, before the request that finds it
-    so (``kubernetes_asyncio``'s ``refresh_api_key_hook``; client-go's ``NewCachedFileTokenSource``
-    re-reads after 50 s, and at once after a 401), so a projected token rotated under a running
-    process is picked up. Go: ``rest.InClusterConfig``."""
+    ``KUBERNETES_SERVICE_HOST``/``_PORT``, the CA from ``service_account``, the token through a
+    ``ServiceAccountToken``, so a projected token rotated under a running process is picked up
+    within 50 s, and at once after a 401. Go: ``rest.InClusterConfig``."""
     from kubernetes_asyncio import client
     from kubernetes_asyncio.config.config_exception import ConfigException
     from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
 
     configuration = client.Configuration()
+    token = ServiceAccountToken(service_account / "token")
     loader = InClusterConfigLoader(
-        token_filename=str(service_account / "token"),
+        token_filename=str(token.path),
         cert_filename=str(service_account / "ca.crt"),
-        try_refresh_token=True,
+        try_refresh_token=False,
         environ=dict(environ),
     )
     try:
         loader.load_and_set(configuration)
-    except (ConfigException, OSError) as err:
+        token(configuration)
+    except (ConfigException, OSError, InClusterConfigError) as err:
         raise InClusterConfigError(
             f"in-cluster configuration ({service_account}): {str(err).rstrip('.')}"
         ) from None
+    configuration.refresh_api_key_hook = token
     return configuration
 
 
