@@ -8,23 +8,31 @@ bytes, an apiserver's 44-45%); then ``k8s_types.PodList`` over one document of `
 pods (10,000), as an apiserver's LIST body and as ``kubectl get pods -o json`` prints it, against
 the same pods decoded as a LIST is today, ``k8s_wire.decode_pod_list`` page after page of 500.
 Every figure is the best of several rounds of this process's CPU time, the two sides alternating
-round by round, so the ratios hold on a machine that other runs keep busy.
+round by round, so the ratios hold on a machine that other runs keep busy. The ``PodList`` rows
+are followed by the peak RSS one decode of each side adds, each in a fresh interpreter (Linux
+only; the ratio is pages / ours).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
+import os
+import subprocess
+import sys
 import time
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import frame, list_body, pod_bytes, realistic_pod
 from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
+from miles.utils.workers.reconcile.heap_trim import trim_free_heap
 from miles.utils.workers.reconcile.k8s_types import Pod, PodList
 from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
 from miles.utils.workers.reconcile.managed_fields import (
@@ -109,15 +117,14 @@ def measure_cut(pods: int, rounds: int) -> list[tuple[str, float, float]]:
     ]
 
 
-def measure_pod_list(pods: int, rounds: int) -> list[tuple[str, float, float]]:
-    """``PodList`` over one document of ``pods`` pods against ``decode_pod_list`` over the same pods
-    in pages of 500, every page kept, with the collector paused across them as the pager pauses
-    it. The kubectl print carries each item's ``kind`` and no ``managedFields`` (kubectl hides
-    them), indented by 4 as kubectl indents."""
+def _pod_list_documents(pods: int) -> SimpleNamespace:
+    """One LIST body of ``pods`` pods, the same pods as kubectl prints them (each item's ``kind``,
+    no ``managedFields``, which kubectl hides, indented by 4 as kubectl indents), and as pages of
+    500 decoded one after another, every page kept, with the collector paused across them as the
+    pager pauses it."""
     every = [realistic_pod(f"engine-{i}", f"cell-{i % 10}") for i in range(pods)]
     page_size = 500
     pages = [list_body(every[i : i + page_size], "9") for i in range(0, pods, page_size)]
-    body = list_body(every, "9")
     printed = [{"apiVersion": "v1", "kind": "Pod"} | p for p in every]
     for p in printed:
         p["metadata"] = {k: v for k, v in p["metadata"].items() if k != "managedFields"}
@@ -127,12 +134,84 @@ def measure_pod_list(pods: int, rounds: int) -> list[tuple[str, float, float]]:
         with COLLECTOR.held():
             return [decode_pod_list(page) for page in pages]
 
-    body_us = best_us((lambda: PodList.model_validate_json(body), 1), (paged, 1), rounds)
-    kubectl_us = best_us((lambda: PodList.model_validate_json(kubectl), 1), (paged, 1), rounds)
+    return SimpleNamespace(body=list_body(every, "9"), kubectl=kubectl, paged=paged)
+
+
+def measure_pod_list(pods: int, rounds: int) -> list[tuple[str, float, float]]:
+    """``PodList`` over one document of ``pods`` pods, a LIST body and kubectl's print, against
+    ``decode_pod_list`` over the same pods in pages of 500 (``_pod_list_documents``)."""
+    docs = _pod_list_documents(pods)
+    _raise_the_mmap_threshold()
+    body_us = best_us((lambda: PodList.model_validate_json(docs.body), 1), (docs.paged, 1), rounds)
+    kubectl_us = best_us(
+        (lambda: PodList.model_validate_json(docs.kubectl), 1), (docs.paged, 1), rounds
+    )
     return [
         (f"LIST body of {pods}, per pod", body_us[0] / pods, body_us[1] / pods),
         (f"kubectl print of {pods}, per pod", kubectl_us[0] / pods, kubectl_us[1] / pods),
     ]
+
+
+def _raise_the_mmap_threshold() -> None:
+    """glibc serves a block of 128 KiB or more by a fresh mmap until one such block is freed, then
+    raises its threshold to that block's size (up to 32 MiB). A LIST page's bytes are such blocks,
+    freed and served again, page-faulting every time until something frees a larger one, so
+    whichever side frees one first sets the other's faults (the pages read 41-49 µs per pod
+    without this, 28-40 with it, three runs each). Free one here, as a process that has read a
+    large body has."""
+    block = bytes(30 * 2**20)
+    del block
+
+
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def measure_pod_list_memory(pods: int) -> list[tuple[str, float, float]]:
+    """The peak RSS one decode of ``measure_pod_list``'s adds, in MiB, each decode in a fresh
+    interpreter; none where Linux's ``clear_refs`` cannot reset the peak."""
+    if not os.access(_CLEAR_REFS, os.W_OK):
+        return []
+
+    def peak(side: str) -> float:
+        code = f"from bench.decode import peak_growth_kib as p; print(p({side!r}, {pods}))"
+        root = Path(__file__).resolve().parents[1]
+        env = os.environ | {"PYTHONPATH": str(root)}
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        )
+        return float(run.stdout.split()[-1]) / 1024
+
+    pages = peak("paged")
+    return [
+        (f"LIST body of {pods}, peak MiB", peak("body"), pages),
+        (f"kubectl print of {pods}, peak MiB", peak("kubectl"), pages),
+    ]
+
+
+def peak_growth_kib(side: str, pods: int) -> int:
+    """In this process: how far one decode of ``side`` raises the peak RSS over what is resident
+    before it (collected and trimmed), what it returns kept alive as a caller keeps it."""
+    docs = _pod_list_documents(pods)
+    decode: Callable[[], object] = {
+        "body": lambda: PodList.model_validate_json(docs.body),
+        "kubectl": lambda: PodList.model_validate_json(docs.kubectl),
+        "paged": docs.paged,
+    }[side]
+    gc.collect()
+    trim_free_heap()
+    with open(_CLEAR_REFS, "w") as clear:
+        clear.write("5")
+    before = _rss_kib("VmRSS:")
+    kept = decode()
+    growth = _rss_kib("VmHWM:") - before
+    del kept
+    return growth
+
+
+def _rss_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field))
+    return int(line.split()[1])
 
 
 def main() -> None:
@@ -159,8 +238,13 @@ def main() -> None:
     for name, ours, whole in measure_cut(args.pods, args.rounds):
         print(f"{name:<28} {ours:>10.1f} {whole:>22.1f} {whole / ours:>6.2f}x")
     print("\nk8s_types.PodList, one document, against decode_pod_list in pages of 500")
-    print(f"{'path':<34} {'PodList µs':>10} {'pages µs':>10} {'ratio':>7}")
-    for name, ours, paged in measure_pod_list(args.list_pods, max(3, args.rounds // 3)):
+    print("(CPU µs per pod; then the peak RSS one decode adds, where Linux lets it be read)")
+    print(f"{'path':<34} {'PodList':>10} {'pages':>10} {'ratio':>7}")
+    rounds = max(3, args.rounds // 3)
+    for name, ours, paged in [
+        *measure_pod_list(args.list_pods, rounds),
+        *measure_pod_list_memory(args.list_pods),
+    ]:
         print(f"{name:<34} {ours:>10.1f} {paged:>10.1f} {paged / ours:>6.2f}x")
 
 

@@ -55,3 +55,18 @@ def without_managed_fields(data: bytes, *, most: int | None = None) -> bytes:
         return data
     parts.append(data[taken:])
     return b"".join(parts)
+
+
+def kept_spans(data: bytes, start: int, end: int) -> list[tuple[int, int]] | None:
+    """The spans of ``data[start:end]`` that ``without_managed_fields`` keeps, as ``(first,
+    past-last)`` pairs, where every array it cuts there also closes there; ``None`` where one does
+    not (what it would cut then depends on bytes after ``end``)."""
+    spans: list[tuple[int, int]] = []
+    while (opening := data.find(_MANAGED_FIELDS, start, end)) != -1:
+        close = data.find(b"]", opening + len(_MANAGED_FIELDS), end)
+        if close == -1:
+            return None
+        spans.append((start, opening))
+        start = close + 1
+    spans.append((start, end))
+    return spans
