@@ -46,6 +46,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     exception_rejects_cursor,
 )
 from miles.utils.workers.reconcile.k8s_framing import ReadIdleDeadline
+from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import (
@@ -666,12 +667,9 @@ async def _streaming_list(
     return seen, None
 
 
-@pytest.mark.parametrize("ended", [True, False], ids=["initial events ended", "still listing"])
-async def test_a_streaming_list_is_probed_only_from_its_initial_events_end(ended: bool) -> None:
-    """A streaming list's initial events carry no cursor: silent before its initial-events-end
-    bookmark, it is not probed and ends at the 90 s read-idle backstop; silent after it, it is
-    probed from the bookmark's resourceVersion at 30 s and kept."""
-    clock = ParkingClock()
+def _initial_events_then_their_end() -> tuple[bytes, bytes]:
+    """A streaming list's three ADDED frames at resourceVersion 7, and its initial-events-end
+    bookmark at 8."""
     added = b"".join(frame("ADDED", realistic_pod(f"p{i}", resource_version="7")) for i in range(3))
     end = frame(
         "BOOKMARK",
@@ -682,6 +680,16 @@ async def test_a_streaming_list_is_probed_only_from_its_initial_events_end(ended
             }
         },
     )
+    return added, end
+
+
+@pytest.mark.parametrize("ended", [True, False], ids=["initial events ended", "still listing"])
+async def test_a_streaming_list_is_probed_only_from_its_initial_events_end(ended: bool) -> None:
+    """A streaming list's initial events carry no cursor: silent before its initial-events-end
+    bookmark, it is not probed and ends at the 90 s read-idle backstop; silent after it, it is
+    probed from the bookmark's resourceVersion at 30 s and kept."""
+    clock = ParkingClock()
+    added, end = _initial_events_then_their_end()
     opened = stream(added + end if ended else added, 3600.0)
     server = Apiserver(watches=[opened, stream(bookmark("9"))])
     async with serving(server, watch_read_margin=60.0, clock=clock) as api:
@@ -844,6 +852,22 @@ async def test_retry_after_of_a_429_is_carried_on_the_error() -> None:
     assert exception_keeps_cursor(failure)
 
 
+def _retrying_reflector(api: KubernetesPodApi, label_selector: str = "") -> KubernetesReflector:
+    return KubernetesReflector(
+        kube_client=api,
+        namespace="ns",
+        label_selector=label_selector,
+        retry_delay=0.01,
+        clock=RealClock(),
+    )
+
+
+async def _next_events(
+    source: AsyncIterator[SourceEvent], count: int, *, each_within: float
+) -> list[SourceEvent]:
+    return [await asyncio.wait_for(anext(source), each_within) for _ in range(count)]
+
+
 async def test_reflector_end_to_end_never_logs_the_bearer_token(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -860,19 +884,10 @@ async def test_reflector_end_to_end_never_logs_the_bearer_token(
             stream(frame("ERROR", status(410, "Expired"))),
         ],
     )
-    events: list[SourceEvent] = []
     with caplog.at_level(logging.DEBUG):
         async with serving(server) as api:
-            reflector = KubernetesReflector(
-                kube_client=api,
-                namespace="ns",
-                label_selector="",
-                retry_delay=0.01,
-                clock=RealClock(),
-            )
-            source = reflector.watch()
-            for _ in range(4):
-                events.append(await asyncio.wait_for(anext(source), 2.0))
+            source = _retrying_reflector(api).watch()
+            events = await _next_events(source, 4, each_within=2.0)
             await source.aclose()  # type: ignore[attr-defined]
             connector = api._core.api_client.rest_client.pool_manager.connector
             tls: ssl.SSLContext = connector._ssl
@@ -945,19 +960,11 @@ async def test_a_pod_api_over_kubernetes_asyncio_watch_relists_on_a_410() -> Non
             )
         ],
     )
-    events: list[SourceEvent] = []
     async with serving(server) as built_in:
         api = WatchPodApi(built_in._core)
-        reflector = KubernetesReflector(
-            kube_client=api,
-            namespace="ns",
-            label_selector="app=miles",
-            retry_delay=0.01,
-            clock=RealClock(),
-        )
+        reflector = _retrying_reflector(api, label_selector="app=miles")
         source = reflector.watch()
-        for _ in range(3):
-            events.append(await asyncio.wait_for(anext(source), 5.0))
+        events = await _next_events(source, 3, each_within=5.0)
         with pytest.raises(TimeoutError):  # the next watch opens, and waits for frames
             await asyncio.wait_for(anext(source), 0.5)
         await source.aclose()  # type: ignore[attr-defined]
@@ -1235,16 +1242,7 @@ async def test_a_streaming_lists_initial_events_decode_paused_and_the_watch_afte
         return event
 
     monkeypatch.setattr(k8s_wire, "decode_watch_line", spied)
-    added = b"".join(frame("ADDED", realistic_pod(f"p{i}", resource_version="7")) for i in range(3))
-    end = frame(
-        "BOOKMARK",
-        {
-            "metadata": {
-                "resourceVersion": "8",
-                "annotations": {INITIAL_EVENTS_END_ANNOTATION: "true"},
-            }
-        },
-    )
+    added, end = _initial_events_then_their_end()
     ended = asyncio.Event()
 
     async def respond(request: web.Request) -> web.StreamResponse:
