@@ -18,6 +18,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kubernetes_asyncio import client
+
 from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
@@ -25,6 +27,7 @@ from miles.utils.workers.reconcile.k8s_values import PodListPage
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 if TYPE_CHECKING:
+    from miles.utils.k8s_testenv import LocalControlPlane
     from miles.utils.workers.reconcile.metrics import MetricsTarget
 
 CELL_LABEL = "miles.test/cell"
@@ -101,6 +104,18 @@ async def create_pod(
 async def future_cursor(core_v1: Any, namespace: str) -> str:
     listed = await core_v1.list_namespaced_pod(namespace)
     return str(int(listed.metadata.resource_version) + FUTURE_OFFSET)
+
+
+async def make_cursor_stale_then_compact(
+    core_v1: Any, plane: LocalControlPlane, namespace: str, stale: str
+) -> None:
+    """Writes the pod watch does not see move etcd past `stale`; etcd is then compacted to its
+    head, so a watch from `stale` meets a real 410."""
+    for index in range(3):
+        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"unwatched-{index}"))
+        await core_v1.create_namespaced_config_map(namespace, body)
+    compacted_to = await asyncio.to_thread(plane.compact_etcd)
+    assert compacted_to > int(stale) + 1
 
 
 class ForgedCursorCoreV1:

@@ -5,14 +5,12 @@ names."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
-from tests.e2e.k8s_apiserver.harness import Cells, eventually
+from tests.e2e.k8s_apiserver.harness import Cells, eventually, make_cursor_stale_then_compact
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -47,11 +45,7 @@ async def test_metrics_after_a_real_410_relist(
         assert sample("reflector_relists_total", reason="cursor expired") is None
         stale = cells.api.watches[-1].last_cursor
 
-        other_core = client.CoreV1Api(other)
-        for index in range(3):
-            body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"unwatched-{index}"))
-            await other_core.create_namespaced_config_map(namespace, body)
-        assert await asyncio.to_thread(plane.compact_etcd) > int(stale) + 1
+        await make_cursor_stale_then_compact(client.CoreV1Api(other), plane, namespace, stale)
 
         await eventually(
             lambda: sample("reflector_relists_total", reason="cursor expired") == 1,

@@ -30,6 +30,7 @@ from tests.e2e.k8s_apiserver.harness import (
     create_pod,
     eventually,
     future_cursor,
+    make_cursor_stale_then_compact,
 )
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -81,16 +82,6 @@ async def test_real_watch_timeout_rewatches_from_the_cursor_without_relisting(
     assert all(p.failure is None and p.limit == 1 for p in cells.api.probes)
 
 
-async def _make_cursor_stale_then_compact(
-    core_v1: client.CoreV1Api, plane: LocalControlPlane, namespace: str, stale: str
-) -> None:
-    for index in range(3):
-        body = client.V1ConfigMap(metadata=client.V1ObjectMeta(name=f"unwatched-{index}"))
-        await core_v1.create_namespaced_config_map(namespace, body)
-    compacted_to = await asyncio.to_thread(plane.compact_etcd)
-    assert compacted_to > int(stale) + 1
-
-
 async def _compaction_scenario(
     k8s_api_client: ApiClientFactory,
     plane: LocalControlPlane,
@@ -126,7 +117,7 @@ async def _compaction_scenario(
             await other_core.delete_namespaced_pod(
                 delete_while_down, namespace, grace_period_seconds=0
             )
-        await _make_cursor_stale_then_compact(other_core, plane, namespace, stale)
+        await make_cursor_stale_then_compact(other_core, plane, namespace, stale)
         if delete_while_down is not None:
             await asyncio.to_thread(uncached.start)
 
