@@ -99,6 +99,12 @@ class Faulted:
     async def create(self, name: str, *, cell: str) -> None:
         await _retrying(lambda: self.cells.create(name, cell=cell), what=f"create {name}")
 
+    async def seed(self, cell: str, *names: str) -> None:
+        """Creates `names` in `cell` and waits until the cell holds exactly them."""
+        for name in names:
+            await self.create(name, cell=cell)
+        await self.cells.converge(cell, set(names))
+
     async def move(self, name: str, *, cell: str) -> None:
         """Relabels the pod into `cell` straight on the apiserver (no retry: the proxy is what is
         faulted, not the write)."""

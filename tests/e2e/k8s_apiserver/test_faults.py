@@ -30,7 +30,6 @@ from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from tests.e2e.k8s_apiserver.fault_harness import (
-    Faulted,
     consistent_lists,
     faulted_cells,
     lines_naming,
@@ -48,12 +47,6 @@ stalled stream within the bounds below."""
 _RUNTIME = "miles.utils.workers.reconcile"
 
 
-async def _cells_a(faulted: Faulted, *names: str) -> None:
-    for name in names:
-        await faulted.create(name, cell="a")
-    await faulted.cells.converge("a", set(names))
-
-
 async def test_a_watch_that_keeps_failing_relists_while_list_works(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -64,7 +57,7 @@ async def test_a_watch_that_keeps_failing_relists_while_list_works(
     from the same cursor for the whole fault and serves the deleted pods as ghosts."""
     caplog.set_level(logging.WARNING, logger=_RUNTIME)
     async with faulted_cells(cached_kubeconfig, k8s_namespace, tmp_path) as faulted:
-        await _cells_a(faulted, "a-0", "a-1", "a-2", "a-3")
+        await faulted.seed("a", "a-0", "a-1", "a-2", "a-3")
         fault = faulted.proxy.add(WATCH, Respond(500), seconds=20)
         await faulted.proxy.cut()
         for name in ("a-0", "a-1", "a-2"):
@@ -95,7 +88,7 @@ async def test_a_server_that_rejects_every_cursor_gets_one_list_per_backoff_step
     within 8 s."""
     caplog.set_level(logging.WARNING, logger=_RUNTIME)
     async with faulted_cells(cached_kubeconfig, k8s_namespace, tmp_path) as faulted:
-        await _cells_a(faulted, "a-0")
+        await faulted.seed("a", "a-0")
         window = 12.0
         started = time.monotonic()
         faulted.proxy.add(WATCH, rejection, seconds=window)
@@ -120,7 +113,7 @@ async def test_a_429_with_retry_after_is_honoured_and_keeps_the_cursor(
     created during the fault is served within 5 s + one step."""
     caplog.set_level(logging.WARNING, logger=_RUNTIME)
     async with faulted_cells(cached_kubeconfig, k8s_namespace, tmp_path) as faulted:
-        await _cells_a(faulted, "a-0")
+        await faulted.seed("a", "a-0")
         window = 12.0
         started = time.monotonic()
         faulted.proxy.add(WATCH, Respond(429, headers={"Retry-After": "5"}), seconds=window)
@@ -197,7 +190,7 @@ async def test_a_stalled_watch_ends_within_the_read_idle_bound(
     async with faulted_cells(
         cached_kubeconfig, k8s_namespace, tmp_path, watch_idle_timeout=IDLE_TIMEOUT
     ) as faulted:
-        await _cells_a(faulted, "a-0", "a-1")
+        await faulted.seed("a", "a-0", "a-1")
         fault = faulted.proxy.add(WATCH, breakage, count=1)
         began = time.time()
         await faulted.delete("a-0")

@@ -70,9 +70,7 @@ async def test_a_broken_chunk_fails_the_watch_at_once(
     async with faulted_cells(
         cached_kubeconfig, k8s_namespace, tmp_path, watch_timeout_seconds=watch_timeout_seconds
     ) as faulted:
-        for name in ("a-0", "a-1"):
-            await faulted.create(name, cell="a")
-        await faulted.cells.converge("a", {"a-0", "a-1"})
+        await faulted.seed("a", "a-0", "a-1")
         fault = faulted.proxy.add(WATCH, breakage, count=1)
         began = time.time()
         await faulted.delete("a-0")

@@ -70,9 +70,7 @@ async def test_a_frozen_watch_is_found_dead_within_45s_of_its_last_byte(
     async with faulted_cells(
         kubeconfig, k8s_namespace, tmp_path, watch_timeout_seconds=WATCH_TIMEOUT
     ) as faulted:
-        for name in ("a-0", "a-1"):
-            await faulted.create(name, cell="a")
-        await faulted.cells.converge("a", {"a-0", "a-1"})
+        await faulted.seed("a", "a-0", "a-1")
         last_byte = await _frozen(faulted.proxy)
         await faulted.delete("a-0")
         await faulted.store_equals_list(within=DETECTION_BOUND + 10.0, what="a frozen watch")
@@ -98,8 +96,7 @@ async def test_an_idle_watch_on_the_cache_less_apiserver_is_kept(
     async with faulted_cells(
         uncached_kubeconfig, k8s_namespace, tmp_path, watch_timeout_seconds=WATCH_TIMEOUT
     ) as faulted:
-        await faulted.create("a-0", cell="a")
-        await faulted.cells.converge("a", {"a-0"})
+        await faulted.seed("a", "a-0")
         began = time.monotonic()
         await asyncio.sleep(IDLE_SECONDS)
         seen = faulted.proxy.seen(since=began)

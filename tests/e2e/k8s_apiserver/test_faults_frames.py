@@ -69,9 +69,7 @@ async def _move_under_a_rewrite(
     """Moves a-0 to cell b with `rewrite` applied to the frame that says so; returns the seconds
     until the store equals a fresh LIST and how many LISTs that took beyond the first."""
     async with faulted_cells(kubeconfig, namespace, tmp_path, retry_delay=RETRY) as faulted:
-        for name in ("a-0", "a-1"):
-            await faulted.create(name, cell="a")
-        await faulted.cells.converge("a", {"a-0", "a-1"})
+        await faulted.seed("a", "a-0", "a-1")
         await faulted.store_equals_list(within=5.0, what="before the fault")
         lists = len(faulted.cells.api.lists)
         fault = faulted.proxy.add(WATCH, RewriteFrame(rewrite, what), count=1)

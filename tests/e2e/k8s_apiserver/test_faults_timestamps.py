@@ -28,9 +28,7 @@ async def test_a_timestamp_the_apiserver_accepts_keeps_the_pod_under_its_parent_
     must keep it (today the LIST leaves it out: the pod is lost). The unreadable time becomes
     absent. Bound: 5 s after each write and after the relist."""
     async with faulted_cells(cached_kubeconfig, k8s_namespace, tmp_path) as faulted:
-        for name in ("a-0", "a-1"):
-            await faulted.create(name, cell="a")
-        await faulted.cells.converge("a", {"a-0", "a-1"})
+        await faulted.seed("a", "a-0", "a-1")
         stamp = {"type": "miles.test/Stamp", "status": "True"}
         stamp |= {"lastTransitionTime": OUT_OF_RANGE_TIME, "lastProbeTime": OUT_OF_RANGE_TIME}
         await raw_json(
