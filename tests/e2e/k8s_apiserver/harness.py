@@ -234,6 +234,12 @@ class Cells:
     async def create(self, name: str, *, cell: str | None, selected: bool = True) -> Any:
         return await create_pod(self.core_v1, self.namespace, name, cell=cell, selected=selected)
 
+    async def seed(self, cell: str, *names: str) -> None:
+        """Creates `names` in `cell` and waits until the cell holds exactly them."""
+        for name in names:
+            await self.create(name, cell=cell)
+        await self.converge(cell, set(names))
+
     async def patch_labels(self, name: str, labels: dict[str, str | None]) -> Any:
         body = {"metadata": {"labels": labels}}
         return await self.core_v1.patch_namespaced_pod(name, self.namespace, body)

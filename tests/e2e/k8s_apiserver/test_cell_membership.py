@@ -41,8 +41,7 @@ async def test_membership_converges_on_creation_and_on_deletion(
     k8s_api_client: ApiClientFactory, k8s_namespace: str
 ) -> None:
     async with _cells(k8s_api_client, k8s_namespace) as cells:
-        await cells.create("a-0", cell="a")
-        await cells.converge("a", {"a-0"})
+        await cells.seed("a", "a-0")
         for name, cell in (("a-1", "a"), ("a-2", "a"), ("b-0", "b")):
             await cells.create(name, cell=cell)
         await cells.converge("a", {"a-0", "a-1", "a-2"})
@@ -100,8 +99,7 @@ async def test_reconcile_reads_a_store_that_already_holds_the_event(
     """Each of a burst of label updates is in the store before the reconcile it wakes: every
     reconcile read exactly the resourceVersions its preceding frames carried."""
     async with _cells(k8s_api_client, k8s_namespace) as cells:
-        await cells.create("a-0", cell="a")
-        await cells.converge("a", {"a-0"})
+        await cells.seed("a", "a-0")
         for revision in range(8):
             await cells.patch_labels("a-0", {"miles.test/revision": str(revision)})
         latest = await cells.core_v1.read_namespaced_pod("a-0", k8s_namespace)
@@ -122,9 +120,7 @@ async def test_patched_parent_label_moves_the_pod(
     k8s_api_client: ApiClientFactory, k8s_namespace: str
 ) -> None:
     async with _cells(k8s_api_client, k8s_namespace) as cells:
-        await cells.create("p-0", cell="a")
-        await cells.create("p-1", cell="a")
-        await cells.converge("a", {"p-0", "p-1"})
+        await cells.seed("a", "p-0", "p-1")
 
         await cells.patch_labels("p-0", {CELL_LABEL: "b"})
         await cells.converge("a", {"p-1"})
@@ -140,8 +136,7 @@ async def test_leaving_and_reentering_the_selector_arrives_as_deleted_then_added
     """The server filters by selector, so a label edit that leaves it is a DELETED frame and one
     that re-enters it an ADDED frame: the cell loses the pod, then regains it."""
     async with _cells(k8s_api_client, k8s_namespace) as cells:
-        await cells.create("p-0", cell="a")
-        await cells.converge("a", {"p-0"})
+        await cells.seed("a", "p-0")
 
         await cells.patch_labels("p-0", {SELECTED_LABEL: "no"})
         await cells.converge("a", set())
@@ -157,9 +152,7 @@ async def test_removing_the_parent_label_drops_the_pod(
 ) -> None:
     """Still selected, so the server sends MODIFIED; with no parent label the store drops it."""
     async with _cells(k8s_api_client, k8s_namespace) as cells:
-        await cells.create("p-0", cell="a")
-        await cells.create("p-1", cell="a")
-        await cells.converge("a", {"p-0", "p-1"})
+        await cells.seed("a", "p-0", "p-1")
 
         await cells.patch_labels("p-0", {CELL_LABEL: None})
         await cells.converge("a", {"p-1"})

@@ -39,8 +39,7 @@ async def test_metrics_after_a_real_410_relist(
         def sample(metric: str, **labels: str) -> float | None:
             return registry.get_sample_value(metric, {"name": name, **labels})
 
-        await cells.create("a-0", cell="a")
-        await cells.converge("a", {"a-0"})
+        await cells.seed("a", "a-0")
         assert sample("reflector_lists_total") == 1
         assert sample("reflector_relists_total", reason="cursor expired") is None
         stale = cells.api.watches[-1].last_cursor

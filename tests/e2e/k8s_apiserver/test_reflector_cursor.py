@@ -55,8 +55,7 @@ async def test_real_watch_timeout_rewatches_from_the_cursor_without_relisting(
             watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
         ) as cells,
     ):
-        await cells.create("a-0", cell="a")
-        await cells.converge("a", {"a-0"})
+        await cells.seed("a", "a-0")
         await eventually(
             lambda: sum(w.ended_at is not None for w in cells.api.watches) >= 3,
             what="three watches closed by the server's 2 s timeout",
@@ -106,9 +105,7 @@ async def _compaction_scenario(
             watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
         ) as cells,
     ):
-        await cells.create("a-0", cell="a")
-        await cells.create("a-1", cell="a")
-        await cells.converge("a", {"a-0", "a-1"})
+        await cells.seed("a", "a-0", "a-1")
         stale = cells.api.watches[-1].last_cursor
 
         other_core = client.CoreV1Api(other)
@@ -312,9 +309,7 @@ async def test_loop_reconverges_after_an_apiserver_restart(
         k8s_api_client("cached") as api,
         Cells.running(core_v1=client.CoreV1Api(api), namespace=k8s_namespace) as cells,
     ):
-        await cells.create("a-0", cell="a")
-        await cells.create("a-1", cell="a")
-        await cells.converge("a", {"a-0", "a-1"})
+        await cells.seed("a", "a-0", "a-1")
         watches_before = len(cells.api.watches)
 
         await asyncio.to_thread(k8s_local_control_plane.restart_apiserver, "cached")
