@@ -87,6 +87,15 @@ def body(data: bytes, code: int = 200) -> Handler:
     return respond
 
 
+async def chunked_response(request: web.Request) -> web.StreamResponse:
+    """A JSON response to ``request``, chunked and prepared: what a watch is answered with."""
+    resp = web.StreamResponse()
+    resp.content_type = "application/json"
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    return resp
+
+
 def stream(*chunks: bytes | float, cut: bool = False) -> Handler:
     """A chunked watch response: bytes are written and flushed, floats are pauses in seconds.
 
@@ -94,10 +103,7 @@ def stream(*chunks: bytes | float, cut: bool = False) -> Handler:
     """
 
     async def respond(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        resp.content_type = "application/json"
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
+        resp = await chunked_response(request)
         for chunk in chunks:
             if isinstance(chunk, float):
                 await asyncio.sleep(chunk)
@@ -207,10 +213,7 @@ async def test_a_page_read_announces_its_continue_token_before_the_rest_of_its_b
     rest_may_go = asyncio.Event()
 
     async def respond(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        resp.content_type = "application/json"
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
+        resp = await chunked_response(request)
         await resp.write(data[:cut])
         await rest_may_go.wait()
         await resp.write(data[cut:])
@@ -526,10 +529,7 @@ def chunks_then_raw(*frames: bytes, raw: bytes, close: bool, half: bytes = b"") 
     ``raw`` as it is; then closes the socket, or (``close=False``) holds it open and silent."""
 
     async def respond(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        resp.content_type = "application/json"
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
+        resp = await chunked_response(request)
         for data in frames:
             await resp.write(data)
         if half:
@@ -1105,9 +1105,7 @@ async def test_a_steady_watch_leaves_no_collector_tracked_object_per_event() -> 
     go_on = asyncio.Event()
 
     async def respond(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
+        resp = await chunked_response(request)
         for index, line in enumerate(frames):
             if index == warm_up:
                 await go_on.wait()
@@ -1246,9 +1244,7 @@ async def test_a_streaming_lists_initial_events_decode_paused_and_the_watch_afte
     ended = asyncio.Event()
 
     async def respond(request: web.Request) -> web.StreamResponse:
-        resp = web.StreamResponse()
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
+        resp = await chunked_response(request)
         await resp.write(added + end)
         await ended.wait()
         await resp.write(frame("MODIFIED", realistic_pod("p0", resource_version="9")))
