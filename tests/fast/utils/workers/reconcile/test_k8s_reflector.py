@@ -405,16 +405,22 @@ async def test_a_failing_watch_relists_after_a_backoff_step(failure: Any) -> Non
         assert cursors(api) == ["10", "20"]
 
 
+async def _every_watch_failing(failure: Exception, ticks: int, *, tick: float) -> FakePodApi:
+    """The calls a reflector made while every WATCH failed with ``failure`` and LIST worked, over
+    ``ticks`` advances of the fake clock by ``tick``."""
+    clock = FakeClock()
+    api = FakePodApi(lists=[page(str(i)) for i in range(1, 100)], watches=[failure] * 100)
+    async with running(api, clock):
+        for _ in range(ticks):
+            await clock.advance(tick)
+    return api
+
+
 async def test_a_watch_answered_500_for_a_minute_relists_once_per_backoff_step() -> None:
     """The 25 s fault of issue 16, stretched: every WATCH answered 500 while LIST works. Each
     failure costs one LIST one backoff step later, the steps double (jitter aside) up to the cap,
     and no LIST comes without its step."""
-    clock = FakeClock()
-    fail = KubernetesApiError(500, "InternalError")
-    api = FakePodApi(lists=[page(str(i)) for i in range(1, 50)], watches=[fail] * 50)
-    async with running(api, clock):
-        for _ in range(600):
-            await clock.advance(0.1)
+    api = await _every_watch_failing(KubernetesApiError(500, "InternalError"), 600, tick=0.1)
     lists = len(api.list_calls)
     # steps of at least 2, 4, 8, 16, 30, 30 s ... fit into 60 s at most 5 times after the first
     assert 3 <= lists <= 6
@@ -437,12 +443,7 @@ async def test_a_server_rejecting_every_cursor_is_listed_once_per_backoff_step()
     of Go's backoff (steps doubling to 30 s, starting over every 2 minutes): between the steps
     at their longest (jitter 1.0 doubles each) and at their shortest, not one per
     ``retry_delay``."""
-    clock = FakeClock()
-    expired = KubernetesApiError(410, "Expired")
-    api = FakePodApi(lists=[page(str(i)) for i in range(1, 100)], watches=[expired] * 100)
-    async with running(api, clock):
-        for _ in range(600):
-            await clock.advance(1.0)
+    api = await _every_watch_failing(KubernetesApiError(410, "Expired"), 600, tick=1.0)
     fewest, most = await _steps_taken_within(600, 0.999), await _steps_taken_within(600, 0.0)
     assert most < 600 / RETRY / 5
     # Mixed jitter moves the 2-minute resets between steps, so allow a step either way.
