@@ -55,13 +55,18 @@ _Skeleton = TypeVar("_Skeleton")
 _Run = TypeVar("_Run")
 
 
+def kept_whole(data: bytes, start: int, end: int) -> list[tuple[int, int]]:
+    """The edit of ``validated_in_runs`` that keeps every byte."""
+    return [(start, end)]
+
+
 def validated_in_runs(
     skeleton_of: Callable[[bytes], _Skeleton],
     run_of: Callable[[bytearray], _Run],
     document: bytes,
     *,
     run_bytes: int,
-    kept: Callable[[bytes, int, int], list[tuple[int, int]] | None] = lambda _, a, b: [(a, b)],
+    kept: Callable[[bytes, int, int], list[tuple[int, int]] | None] = kept_whole,
 ) -> tuple[_Skeleton, list[_Run]] | None:
     """``skeleton_of`` over the document's skeleton and ``run_of`` over each run of its items, as
     the module docstring says; ``None`` where the document is not cut (then validate it whole).

@@ -57,6 +57,12 @@ def without_managed_fields(data: bytes, *, most: int | None = None) -> bytes:
     return b"".join(parts)
 
 
+def holds_managed_fields(data: bytes, start: int, end: int) -> bool:
+    """Whether ``data[start:end]`` has a managed-fields array this module would cut (written as
+    the apiserver writes JSON: compact)."""
+    return data.find(_MANAGED_FIELDS, start, end) != -1
+
+
 def kept_spans(data: bytes, start: int, end: int) -> list[tuple[int, int]] | None:
     """The spans of ``data[start:end]`` that ``without_managed_fields`` keeps, as ``(first,
     past-last)`` pairs, where every array it cuts there also closes there; ``None`` where one does

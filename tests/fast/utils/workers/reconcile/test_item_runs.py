@@ -164,6 +164,31 @@ def test_a_long_document_is_read_in_runs_through_the_public_call(
     assert pods.items == PodList.__pydantic_validator__.validate_json(many).items
 
 
+def test_managed_fields_only_past_the_first_runs_are_read_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first two runs decide whether runs are cut of managed fields (a kubectl print has none):
+    a document whose later items carry them is read as whole, only without the saving."""
+    edits: list[Any] = []
+    validate = item_runs.validated_in_runs
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        edits.append(kwargs["kept"])
+        return validate(*args, **kwargs)
+
+    monkeypatch.setattr(k8s_types, "validated_in_runs", spy)
+    pods = [realistic_pod(f"engine-{i}", f"cell-{i % 3}") for i in range(24)]
+    for pod in pods[:20]:
+        del pod["metadata"]["managedFields"]
+    document = list_body(pods, "9")
+    assert b'"managedFields"' in document[-len(document) // 8 :]
+    assert _read_in_runs(PodList, document, 3000) is not None
+    assert edits == [item_runs.kept_whole]
+    edits.clear()
+    assert _read_in_runs(PodList, list_body(pods[::-1], "9"), 3000) is not None
+    assert edits == [managed_fields.kept_spans]
+
+
 def test_items_left_out_across_runs_are_named_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
     printed = json.loads(PRINTS["kubectl print"])
     printed["items"][1] = None
