@@ -31,8 +31,10 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from miles.utils.k8s_testenv.errors import PrerequisiteError
 from miles.utils.k8s_testenv.node_config import NodeLayout
 from miles.utils.k8s_testenv.oci_image import ImageSpec, write_oci_archive
+from miles.utils.k8s_testenv.real_node import import_image
 
 CONTROLLER_IMAGE = "localhost/miles-reconcile/controller:0.1.0"
 PREFIX = "/usr/local"
@@ -225,14 +227,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def import_into_node(archive: Path, plane_folder: Path) -> int:
     """``ctr images import`` into the containerd of the real node in ``plane_folder``."""
-    socket = NodeLayout(plane_folder / "node").containerd_socket
+    layout = NodeLayout(plane_folder / "node")
+    socket = layout.containerd_socket
     if not socket.exists():
         print(f"python_image: no real node's containerd at {socket}", file=sys.stderr)
         return 1
-    argv = ["ctr", "--address", str(socket), "-n", "k8s.io", "images", "import", str(archive)]
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        print(f"python_image: ctr images import failed: {result.stderr.strip()}", file=sys.stderr)
+    try:
+        import_image(layout, archive)
+    except (PrerequisiteError, subprocess.TimeoutExpired) as exc:
+        print(f"python_image: {exc}", file=sys.stderr)
         return 1
     print(f"imported {CONTROLLER_IMAGE} into {socket}")
     return 0

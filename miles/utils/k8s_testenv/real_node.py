@@ -132,6 +132,21 @@ def real_node_unavailable(node_setting: str = "auto") -> str | None:
     return lock_holder()
 
 
+def ctr(layout: NodeLayout, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """`ctr` against the node's containerd, in the kubelet's `k8s.io` namespace."""
+    argv = ["ctr", "--address", str(layout.containerd_socket), "-n", "k8s.io", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def import_image(layout: NodeLayout, archive: Path) -> None:
+    """`ctr images import` of an OCI archive into the node's containerd (`oci_image`)."""
+    result = ctr(layout, "images", "import", str(archive), timeout=300.0)
+    if result.returncode != 0:
+        raise PrerequisiteError(
+            f"ctr images import {archive} failed: {result.stderr.strip() or result.stdout}"
+        )
+
+
 class RealNode(Component):
     """The node's processes around one apiserver; `with` starts and stops them.
 
@@ -277,12 +292,8 @@ class RealNode(Component):
         argv = ["containerd", "--config", str(self.layout.containerd_config)]
         self._process("containerd", self._in_namespace(argv), self._ctr_answers, 30.0)
 
-    def _ctr(self, *args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-        argv = ["ctr", "--address", str(self.layout.containerd_socket), "-n", "k8s.io", *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-
     def _ctr_answers(self) -> bool:
-        return self._ctr("version", timeout=5).returncode == 0
+        return ctr(self.layout, "version", timeout=5).returncode == 0
 
     def _import_images(self) -> None:
         for archive in write_image_archives(self.binaries, self.layout.root / "images"):
@@ -290,11 +301,7 @@ class RealNode(Component):
 
     def import_image(self, archive: Path) -> None:
         """`ctr images import` of an OCI archive into the node's containerd (`oci_image`)."""
-        result = self._ctr("images", "import", str(archive), timeout=300.0)
-        if result.returncode != 0:
-            raise PrerequisiteError(
-                f"ctr images import {archive} failed: {result.stderr.strip() or result.stdout}"
-            )
+        import_image(self.layout, archive)
 
     def _start_kubelet(self) -> None:
         argv = kubelet_argv(self.layout, binary=self.binaries.kubelet)
@@ -423,13 +430,13 @@ class RealNode(Component):
             self._log(f"k8s_testenv: could not delete the real node's pods ({error}); killing them")
 
     def _remove_leftover_containers(self) -> None:
-        tasks = self._ctr("tasks", "list", "-q", timeout=10).stdout.split()
+        tasks = ctr(self.layout, "tasks", "list", "-q", timeout=10).stdout.split()
         for task in tasks:
-            self._ctr("tasks", "kill", "-s", "SIGKILL", task, timeout=10)
-            self._ctr("tasks", "delete", "-f", task, timeout=10)
-        containers = self._ctr("containers", "list", "-q", timeout=10).stdout.split()
+            ctr(self.layout, "tasks", "kill", "-s", "SIGKILL", task, timeout=10)
+            ctr(self.layout, "tasks", "delete", "-f", task, timeout=10)
+        containers = ctr(self.layout, "containers", "list", "-q", timeout=10).stdout.split()
         if containers:
-            self._ctr("containers", "delete", *containers, timeout=10)
+            ctr(self.layout, "containers", "delete", *containers, timeout=10)
 
     def _kill_leftover_shims(self) -> None:
         """Shims outlive containerd by design; each names the node's socket on its command line."""
