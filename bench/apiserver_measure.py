@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.apiserver_oracle import Oracle, baseline_rss, oracle_process
 from bench.apiserver_proc import REPO_ROOT, KernelShare, child_argv, cpu_seconds, rss_bytes
-from bench.report import Values
+from bench.report import Values, percentile
 
 LINE_LIMIT = 256 * 2**20
 SYNC_TIMEOUT = 600.0
@@ -183,13 +183,6 @@ class ApiserverLoad:
 
 
 # --- figures --------------------------------------------------------------------------------------
-
-
-def percentile(samples: Sequence[float], q: float) -> float | None:
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def ingestion(writer: WriterRun, applied: dict[int, float]) -> Values:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from bench.pipeline_contender import Feed, Now, PipelineFactory, Probe
 from bench.pipeline_workload import DRAIN_MARKER_PARENT, Workload, parent_of
+from bench.report import percentile
 
 CLOCKS: dict[str, Now] = {"cpu": time.thread_time, "wall": time.perf_counter}
 
@@ -72,11 +73,6 @@ class RunningPipeline:
         return samples
 
 
-def _p99(samples: list[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-
-
 async def measure_pass(
     factory: PipelineFactory, workload: Workload, *, streamed: bool, phase_timeout: float, now: Now
 ) -> dict[str, float | None]:
@@ -95,7 +91,7 @@ async def measure_pass(
                 async with asyncio.timeout(phase_timeout):
                     samples = await running.latencies()
                 measured["latency_median_s"] = statistics.median(samples)
-                measured["latency_p99_s"] = _p99(samples)
+                measured["latency_p99_s"] = percentile(samples, 0.99)
         except TimeoutError:
             print(f"{mode}: timed out after {phase_timeout:.0f}s: {measured}", file=sys.stderr)
     return measured

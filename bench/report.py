@@ -38,6 +38,14 @@ def median(values: Sequence[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def percentile(samples: Sequence[float], q: float) -> float | None:
+    """The sample at rank `q` (nearest rank), or None when there is none."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 @dataclass
 class Results:
     """Every round's figures, by contender and then by metric key."""
