@@ -1,4 +1,5 @@
-"""Test doubles for the runtime core: a scripted source stream and a recording reconcile."""
+"""Test doubles for the runtime core: a scripted source stream, a recording reconcile and a
+switchable leadership."""
 
 from __future__ import annotations
 
@@ -100,6 +101,26 @@ class Recorder:
         exc = self.failing.get(parent)
         if exc is not None:
             raise exc
+
+
+class Switch:
+    """A leadership a test turns on and off."""
+
+    def __init__(self, leading: bool = False) -> None:
+        self.leading = leading
+        self._changed = asyncio.Event()
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    async def wait_until_leading(self) -> None:
+        while not self.leading:
+            await self._changed.wait()
+
+    def set(self, leading: bool) -> None:
+        self.leading = leading
+        self._changed.set()
+        self._changed = asyncio.Event()
 
 
 async def run_until(condition: Callable[[], bool], *, rounds: int = 100_000) -> None:

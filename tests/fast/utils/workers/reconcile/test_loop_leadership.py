@@ -5,7 +5,6 @@ by a switchable leadership and by a real ``LeaderElector`` on ``FakeLeaseApi``."
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 
 from miles.utils.k8s_testenv.testing.lease_fakes import FakeLeaseApi
@@ -14,27 +13,14 @@ from miles.utils.workers.reconcile.leader_election import LeaderElector
 from miles.utils.workers.reconcile.lease_lock import LeaseLock
 from miles.utils.workers.reconcile.loop import Leadership, ReconcileLoop
 from miles.utils.workers.reconcile.source_event import ParentKey
-from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, parent_of, replace, upsert
-
-
-class Switch:
-    """A leadership a test turns on and off."""
-
-    def __init__(self, leading: bool = False) -> None:
-        self.leading = leading
-        self._changed = asyncio.Event()
-
-    def is_leader(self) -> bool:
-        return self.leading
-
-    async def wait_until_leading(self) -> None:
-        while not self.leading:
-            await self._changed.wait()
-
-    def set(self, leading: bool) -> None:
-        self.leading = leading
-        self._changed.set()
-        self._changed = asyncio.Event()
+from tests.fast.utils.workers.reconcile.fakes import (
+    FakeSource,
+    Pod,
+    Switch,
+    parent_of,
+    replace,
+    upsert,
+)
 
 
 class GatedRecorder:

@@ -33,6 +33,7 @@ from tests.fast.utils.workers.reconcile.fakes import (
     FakeSource,
     Pod,
     Recorder,
+    Switch,
     parent_of,
     replace,
     upsert,
@@ -239,28 +240,17 @@ async def test_a_loop_stopped_during_a_reconcile_leaves_nothing_in_flight() -> N
 
 
 async def test_a_parent_put_back_by_the_leadership_gate_is_not_counted_twice() -> None:
-    source, clock, registry = FakeSource(), FakeClock(), CollectorRegistry()
-    leading = [True]
-    resumed = asyncio.Event()
-
-    class Gate:
-        def is_leader(self) -> bool:
-            return leading[0]
-
-        async def wait_until_leading(self) -> None:
-            await resumed.wait()
-
-    loop = _loop(source, Recorder(), clock, metrics=registry, leadership=Gate())
+    source, clock, registry, switch = FakeSource(), FakeClock(), CollectorRegistry(), Switch(True)
+    loop = _loop(source, Recorder(), clock, metrics=registry, leadership=switch)
     source.push(replace())
     async with loop:
         await settle()
-        leading[0] = False
+        switch.leading = False
         source.push(upsert(Pod("a", "cell-0")))
         await clock.advance(2.0)
         assert _value(registry, "workqueue_depth", {**QUEUE, "priority": ""}) == 1
         assert _value(registry, "workqueue_adds_total", QUEUE) == 1
-        leading[0] = True
-        resumed.set()
+        switch.set(True)
         await settle()
         assert _value(registry, "workqueue_depth", {**QUEUE, "priority": ""}) == 0
         assert _value(registry, "workqueue_adds_total", QUEUE) == 1
