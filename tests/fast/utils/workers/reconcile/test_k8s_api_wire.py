@@ -545,29 +545,41 @@ def chunks_then_raw(*frames: bytes, raw: bytes, close: bool, half: bytes = b"") 
     return respond
 
 
-async def test_connection_that_stalls_mid_line_is_ended_by_the_client_deadline() -> None:
-    """Guard: ``timeout_seconds`` + margin bounds every watch, so a half-open socket ends."""
-    line = frame("ADDED", realistic_pod("a", resource_version="101"))
-    server = Apiserver(watches=[stream(line, line[:100], 3600.0)])
-    async with serving(server, watch_read_margin=0.3) as api:
-        events, failure = (await _ended(collect_until_failure(api))).result()
+ONE_FRAME = frame("ADDED", realistic_pod("a", resource_version="101"))
+
+
+async def _failure_after_one_frame(
+    watch: Handler, *, timeout_seconds: int = 0, **timeouts: Any
+) -> KubernetesConnectionError:
+    """The error a watch served by ``watch`` (which writes ``ONE_FRAME`` first) ends with,
+    having checked that it ends, with that one frame yielded and a ``KubernetesConnectionError``."""
+    async with serving(Apiserver(watches=[watch]), **timeouts) as api:
+        watching = collect_until_failure(api, timeout_seconds=timeout_seconds)
+        events, failure = (await _ended(watching)).result()
     assert [e.resource_version for e in events] == ["101"]
     assert isinstance(failure, KubernetesConnectionError)
+    return failure
+
+
+async def test_connection_that_stalls_mid_line_is_ended_by_the_client_deadline() -> None:
+    """Guard: ``timeout_seconds`` + margin bounds every watch, so a half-open socket ends."""
+    watch = stream(ONE_FRAME, ONE_FRAME[:100], 3600.0)
+    failure = await _failure_after_one_frame(watch, watch_read_margin=0.3)
     assert "client deadline" in str(failure)
 
 
 async def test_silent_watch_ends_at_the_read_idle_deadline_whatever_its_timeout() -> None:
     """Row "read-idle deadline": a watch asked for 300 s that goes silent after one frame ends
     ``watch_idle_timeout`` later, long before its ``timeout_seconds`` + margin."""
-    line = frame("ADDED", realistic_pod("a", resource_version="101"))
-    server = Apiserver(watches=[stream(line, 3600.0)])
-    async with serving(server, watch_idle_timeout=0.3, watch_read_margin=60.0) as api:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        events, failure = (await _ended(collect_until_failure(api, timeout_seconds=300))).result()
-        lasted = loop.time() - started
-    assert [e.resource_version for e in events] == ["101"]
-    assert isinstance(failure, KubernetesConnectionError)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    failure = await _failure_after_one_frame(
+        stream(ONE_FRAME, 3600.0),
+        timeout_seconds=300,
+        watch_idle_timeout=0.3,
+        watch_read_margin=60.0,
+    )
+    lasted = loop.time() - started
     assert failure.idle
     assert lasted < 10.0
 
@@ -739,12 +751,12 @@ async def test_broken_chunk_mid_watch_ends_within_the_idle_deadline(close: bool)
     if it stays open and silent, aiohttp's body reader waits for the promised bytes forever, and
     the read-idle deadline ends the watch. Either way the frames that arrived whole stand and the
     watch ends with a ``KubernetesConnectionError``, long before ``timeout_seconds``."""
-    line = frame("ADDED", realistic_pod("a", resource_version="101"))
-    server = Apiserver(watches=[broken_chunk(line, close=close)])
-    async with serving(server, watch_idle_timeout=0.5, watch_read_margin=60.0) as api:
-        events, failure = (await _ended(collect_until_failure(api, timeout_seconds=300))).result()
-    assert [e.resource_version for e in events] == ["101"]
-    assert isinstance(failure, KubernetesConnectionError)
+    failure = await _failure_after_one_frame(
+        broken_chunk(ONE_FRAME, close=close),
+        timeout_seconds=300,
+        watch_idle_timeout=0.5,
+        watch_read_margin=60.0,
+    )
     assert failure.idle is not close
 
 
@@ -781,12 +793,12 @@ async def test_a_malformed_chunk_ends_the_watch_at_once(
     closes the connection, with a ``KubernetesConnectionError`` naming the broken chunk (not
     ``idle``), after the frames that arrived whole; the pure-Python parser's own error (which it
     raises untranslated for a bad size line) reads the same."""
-    line = frame("ADDED", realistic_pod("a", resource_version="101"))
-    server = Apiserver(watches=[malformed_chunk(line, breakage=breakage)])
-    async with serving(server, watch_idle_timeout=60.0, watch_read_margin=60.0) as api:
-        events, failure = (await _ended(collect_until_failure(api, timeout_seconds=300))).result()
-    assert [e.resource_version for e in events] == ["101"]
-    assert isinstance(failure, KubernetesConnectionError)
+    failure = await _failure_after_one_frame(
+        malformed_chunk(ONE_FRAME, breakage=breakage),
+        timeout_seconds=300,
+        watch_idle_timeout=60.0,
+        watch_read_margin=60.0,
+    )
     assert "chunk" in str(failure).lower()
     assert not failure.idle
     assert not failure.refused
@@ -809,12 +821,7 @@ async def test_a_malformed_chunk_fails_the_list_at_once(
 async def test_connection_closed_mid_frame_ends_the_stream_with_a_connection_error() -> None:
     """The frames before the cut stand; the cut itself is a ``KubernetesConnectionError`` (never
     an aiohttp exception), which the reflector reads as a broken connection and re-watches."""
-    line = frame("ADDED", realistic_pod("a", resource_version="101"))
-    server = Apiserver(watches=[stream(line, line[:100], cut=True)])
-    async with serving(server) as api:
-        events, failure = await collect_until_failure(api)
-    assert [e.resource_version for e in events] == ["101"]
-    assert isinstance(failure, KubernetesConnectionError)
+    failure = await _failure_after_one_frame(stream(ONE_FRAME, ONE_FRAME[:100], cut=True))
     assert not failure.refused
 
 
