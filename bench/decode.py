@@ -29,6 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from bench.soak_sampler import status_mib
 from miles.utils.k8s_testenv.testing.k8s_fakes import frame, list_body, pod_bytes, realistic_pod
 from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
@@ -173,13 +174,13 @@ def measure_pod_list_memory(pods: int) -> list[tuple[str, float, float]]:
         return []
 
     def peak(side: str) -> float:
-        code = f"from bench.decode import peak_growth_kib as p; print(p({side!r}, {pods}))"
+        code = f"from bench.decode import peak_growth_mib as p; print(p({side!r}, {pods}))"
         root = Path(__file__).resolve().parents[1]
         env = os.environ | {"PYTHONPATH": str(root)}
         run = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
         )
-        return float(run.stdout.split()[-1]) / 1024
+        return float(run.stdout.split()[-1])
 
     pages = peak("paged")
     return [
@@ -188,7 +189,7 @@ def measure_pod_list_memory(pods: int) -> list[tuple[str, float, float]]:
     ]
 
 
-def peak_growth_kib(side: str, pods: int) -> int:
+def peak_growth_mib(side: str, pods: int) -> float:
     """In this process: how far one decode of ``side`` raises the peak RSS over what is resident
     before it (collected and trimmed), what it returns kept alive as a caller keeps it."""
     docs = _pod_list_documents(pods)
@@ -201,17 +202,11 @@ def peak_growth_kib(side: str, pods: int) -> int:
     trim_free_heap()
     with open(_CLEAR_REFS, "w") as clear:
         clear.write("5")
-    before = _rss_kib("VmRSS:")
+    before = status_mib("VmRSS")
     kept = decode()
-    growth = _rss_kib("VmHWM:") - before
+    growth = status_mib("VmHWM") - before
     del kept
     return growth
-
-
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        line = next(line for line in status if line.startswith(field))
-    return int(line.split()[1])
 
 
 def main() -> None:
