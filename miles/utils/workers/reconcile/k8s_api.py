@@ -590,8 +590,6 @@ class KubernetesAsyncioLeaseApi:
         return await self._call("Lease update", replace, name, namespace, lease)
 
     async def _call(self, what: str, method: Any, *args: Any) -> dict[str, Any]:
-        import json
-
         import aiohttp
 
         from miles.utils.workers.reconcile.lease_lock import (
