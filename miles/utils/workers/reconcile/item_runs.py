@@ -97,11 +97,13 @@ def validated_in_runs(
 
 def _copied(view: memoryview, pieces: list[tuple[int, int]], run: bytearray) -> bool:
     """``run`` made ``{RUN_KEY:[`` + the pieces + ``]}`` in place, reusing its memory (a fresh
-    buffer per run cost a page fault per 4 KiB, measured); whether it cannot spell ``RUN_KEY``."""
-    size = len(_RUN_OPEN) + sum(end - start for start, end in pieces)
-    run[len(_RUN_OPEN) :] = view[pieces[0][0] : pieces[0][0] + size - len(_RUN_OPEN)]
-    at = len(_RUN_OPEN)
-    for start, end in pieces:
+    buffer per run cost a page fault per 4 KiB, measured); whether it cannot spell ``RUN_KEY``.
+    The one assignment that sizes ``run`` also copies the first piece into place."""
+    first, first_end = pieces[0]
+    size = sum(end - start for start, end in pieces)
+    run[len(_RUN_OPEN) :] = view[first : first + size]
+    at = len(_RUN_OPEN) + first_end - first
+    for start, end in pieces[1:]:
         run[at : at + end - start] = view[start:end]
         at += end - start
     if _spells_the_run_key(run, len(_RUN_OPEN)):
