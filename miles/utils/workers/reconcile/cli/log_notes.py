@@ -16,7 +16,7 @@ class NotesHandler(logging.Handler):
         self._notes = notes
 
     def emit(self, record: logging.LogRecord) -> None:
-        first_line = record.getMessage().splitlines()[0] if record.getMessage() else ""
+        first_line = (record.getMessage().splitlines() or [""])[0]
         self._notes.append(f"{record.levelname.lower()}: {first_line}")
 
 
