@@ -68,6 +68,7 @@ from miles.utils.workers.reconcile.arguments import positive_finite, positive_wh
 from miles.utils.workers.reconcile.backoff import DEFAULT_INITIAL, BackoffSchedule, backoff_schedule
 from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.k8s_errors import (
+    TOO_MANY_REQUESTS,
     FrameDecodeError,
     KubernetesConnectionError,
     exception_is_refused,
@@ -229,7 +230,7 @@ def _verdict(err: BaseException) -> _Verdict:
     if isinstance(err, WatchErrorFrame):
         if err.frame.rejects_cursor:
             return _Verdict.CURSOR_DEAD
-        return _Verdict.KEEPS_CURSOR if err.frame.code == 429 else _Verdict.FAILED
+        return _Verdict.KEEPS_CURSOR if err.frame.code == TOO_MANY_REQUESTS else _Verdict.FAILED
     if exception_rejects_cursor(err):
         return _Verdict.CURSOR_DEAD
     if exception_keeps_cursor(err):
