@@ -255,10 +255,6 @@ def _imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
     return (named & modules) - {module}
 
 
-def _module_of(path: Path) -> str:
-    return ".".join(path.relative_to(_REPOSITORY).with_suffix("").parts).removesuffix(".__init__")
-
-
 def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     done: set[str] = set()
     path: list[str] = []
