@@ -25,7 +25,7 @@ from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.source_event import ParentKey
-from tests.e2e.k8s_apiserver.harness import eventually
+from tests.e2e.k8s_apiserver.harness import cell_of, create_pod, eventually
 
 ACCOUNT = "controller"
 AFTER_ROTATION_SECONDS = 150.0
@@ -89,15 +89,6 @@ def _write_token(folder: Path, token: str) -> None:
     os.replace(fresh, folder / "token")
 
 
-def _create_pod(name: str, parent: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": parent}},
-        "spec": {"nodeName": "node-a", "containers": [{"name": "main", "image": "busybox"}]},
-    }
-
-
 async def test_a_loop_keeps_working_when_its_token_is_rotated_and_the_old_one_revoked(
     k8s_local_control_plane: LocalControlPlane,
     k8s_namespace: str,
@@ -112,7 +103,7 @@ async def test_a_loop_keeps_working_when_its_token_is_rotated_and_the_old_one_re
         first = await _bound_token(admin, k8s_namespace, "token-a")
         second = await _bound_token(admin, k8s_namespace, "token-b")
         admin_core: Any = client.CoreV1Api(admin)
-        await admin_core.create_namespaced_pod(k8s_namespace, _create_pod("p1", "one"))
+        await create_pod(admin_core, k8s_namespace, "p1", cell="one")
 
         folder = tmp_path / "serviceaccount"
         folder.mkdir()
@@ -139,7 +130,7 @@ async def test_a_loop_keeps_working_when_its_token_is_rotated_and_the_old_one_re
             loop = ReconcileLoop(
                 source=reflector.watch,
                 reconcile=reconcile,
-                key_map=lambda pod: pod.metadata.labels.get("app"),
+                key_map=cell_of,
             )
             async with loop:
                 await eventually(lambda: "one" in reconciled, what="the first pod reconciled")
@@ -148,7 +139,7 @@ async def test_a_loop_keeps_working_when_its_token_is_rotated_and_the_old_one_re
                 await _until_rejected(url, ca_cert, first, k8s_namespace)
                 assert not await _rejected(url, ca_cert, second, k8s_namespace)
                 plane.restart_apiserver("cached")
-                await admin_core.create_namespaced_pod(k8s_namespace, _create_pod("p2", "two"))
+                await create_pod(admin_core, k8s_namespace, "p2", cell="two")
                 await eventually(
                     lambda: "two" in reconciled,
                     what="a pod created after the rotation reconciled",
