@@ -70,6 +70,13 @@ async def iter_line_batches(
         raise KubernetesConnectionError(f"stream ended inside a frame ({len(buffer)} bytes)")
 
 
+def read_idle_error(idle: float, *, server: str | None = None) -> KubernetesConnectionError:
+    """What ends a read that has waited ``idle`` seconds for bytes (``idle=True``)."""
+    return KubernetesConnectionError(
+        f"nothing read for {idle:g}s (read-idle deadline)", idle=True, server=server
+    )
+
+
 class ReadIdleDeadline:
     """``content`` read through a deadline: a read that has waited ``idle`` seconds for bytes ends,
     with one timer for the whole stream.
@@ -109,9 +116,7 @@ class ReadIdleDeadline:
         except TimeoutError:
             if not reading.expired():
                 raise
-            raise KubernetesConnectionError(
-                f"nothing read for {self._idle:g}s (read-idle deadline)", idle=True
-            ) from None
+            raise read_idle_error(self._idle) from None
         finally:
             self._reading = None
 

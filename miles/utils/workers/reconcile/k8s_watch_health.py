@@ -27,7 +27,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     KubernetesConnectionError,
     exception_summary,
 )
-from miles.utils.workers.reconcile.k8s_framing import ByteStream
+from miles.utils.workers.reconcile.k8s_framing import ByteStream, read_idle_error
 
 PROBE_EVERY = 15.0
 """Seconds from one probe of a silent read to the next: client-go's ``PingTimeout``, so a silent
@@ -136,7 +136,11 @@ class WatchHealthCheck:
                 await self._clock.sleep(min(wait, self._probe_after))
                 continue
             asked = self._now()
-            answer = self._read_idle() if cursor is None else await self._ask(read, cursor)
+            answer = (
+                read_idle_error(self._backstop, server=self._server)
+                if cursor is None
+                else await self._ask(read, cursor)
+            )
             if isinstance(answer, Exception):
                 if self._end(read, answer):
                     return
@@ -170,13 +174,6 @@ class WatchHealthCheck:
 
     def _silence(self, read: _Read) -> str:
         return f"{self._now() - read.began:.0f}s"
-
-    def _read_idle(self) -> KubernetesConnectionError:
-        return KubernetesConnectionError(
-            f"nothing read for {self._backstop:g}s (read-idle deadline)",
-            idle=True,
-            server=self._server,
-        )
 
     def _stalled(self, read: _Read, cursor: str, missed: str) -> KubernetesConnectionError:
         return KubernetesConnectionError(
