@@ -19,6 +19,7 @@ from miles.utils.workers.reconcile.metrics_provider import (
     ReconcileResult,
 )
 from miles.utils.workers.reconcile.object_store import KeyMapFn, ObjectStore
+from miles.utils.workers.reconcile.own_writes import DispatchGate
 from miles.utils.workers.reconcile.retry_scheduler import RetryScheduler
 from miles.utils.workers.reconcile.source_event import ParentKey, SourceWatchFn
 from miles.utils.workers.reconcile.source_stream_driver import SourceStreamDriver
@@ -99,6 +100,7 @@ class ReconcileLoop:
         reconcile_timeout: float | None = None,
         metrics: MetricsProvider | CollectorRegistry | None = None,
         leadership: Leadership | None = None,
+        dispatch_gate: DispatchGate | None = None,
     ) -> None:
         self._resync_period = optional_period("resync_period", resync_period)
         delay_range(
@@ -126,6 +128,7 @@ class ReconcileLoop:
         self._reconcile = reconcile
         self._clock: Clock = RealClock() if clock is None else clock
         self._leadership = leadership
+        self._gate = dispatch_gate
         self._metrics = _provider(metrics).loop_metrics(
             self.name, clock=self._clock, source_status=self.source_status
         )
@@ -387,14 +390,21 @@ class ReconcileLoop:
         task = asyncio.current_task()
         assert task is not None
         take = queue.get if self._leadership is None else self._take_while_leading
+        gate = self._gate
         while (parent := await take()) is not None:
+            if gate is not None:
+                await gate.wait(parent)
             self._in_flight_seq = seq = self._in_flight_seq + 1
             self._in_flight = parent
             self._in_flight_since = started = now()
             if metrics is not None:
                 metrics.started(started)
             try:
-                await reconcile(parent)
+                if gate is None:
+                    await reconcile(parent)
+                else:
+                    with gate.dispatching(parent):
+                        await reconcile(parent)
             except BaseException as exc:
                 error: BaseException | None = exc
             else:
