@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +52,7 @@ MINIMUM_WATCHDOG_SLEEP = 0.1
 """The watchdog never sleeps less, whatever ``slow_reconcile_after`` or ``reconcile_timeout``."""
 ReconcileFn = Callable[[ParentKey], Awaitable[None]]
 
+_START_TWICE = "start() may be called once per ReconcileLoop, before stop()"
 _STOP_INSIDE_RECONCILE = (
     "stop() awaited inside reconcile would cancel the reconcile awaiting it; "
     "schedule it instead with asyncio.create_task(loop.stop())"
@@ -76,12 +79,131 @@ class ReconcileLoopError(RuntimeError):
     """
 
 
+class ReconcileLoopUsageError(RuntimeError, AssertionError):
+    """The loop was used in a way it cannot serve: ``start()`` twice or after ``stop()``,
+    ``stop()`` awaited inside a reconcile, a call from another event loop. The message says which
+    and what to do instead.
+
+    A ``RuntimeError`` and an ``AssertionError`` both, so code written against the original, which
+    raised ``RuntimeError`` for the first and last and ``AssertionError`` for the second, catches
+    what it caught (see the record's Lifecycle row).
+    """
+
+
+class LoopPhase(enum.Enum):
+    """Where a ``ReconcileLoop`` is in its life; ``ReconcileLoop.phase``.
+
+    NEW → STARTING (``start()``) → RUNNING (synced, workers started) → DRAINING (``drain()``)
+    → STOPPING (``stop()``) → STOPPED. DIED: a task of the loop ended on its own; ``stop()`` still
+    takes it through STOPPING to STOPPED, and the error it died of stays.
+    """
+
+    NEW = "new"
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    DIED = "died"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class _Event(enum.Enum):
+    START = "start()"
+    SYNCED = "synced"
+    DRAIN = "drain()"
+    DIE = "a task died"
+    STOP = "stop()"
+    STOPPED = "torn down"
+
+
+@dataclass(frozen=True, slots=True)
+class _Lifecycle:
+    """The loop's one state: its phase and, once it died, why (kept to the end), and whether the
+    death cancelled the body of ``async with loop:`` (so ``__aexit__`` takes that cancellation
+    back)."""
+
+    phase: LoopPhase = LoopPhase.NEW
+    error: BaseException | None = None
+    cancelled_owner: bool = False
+
+
+_ENDING = (LoopPhase.STOPPING, LoopPhase.STOPPED)
+
+
+def _transition(
+    state: _Lifecycle,
+    event: _Event,
+    *,
+    error: BaseException | None = None,
+    cancelled_owner: bool = False,
+) -> _Lifecycle:
+    """The loop's one transition function. Invariants:
+
+    1. ``start()`` is accepted once, from NEW only; any other start is a usage error.
+    2. Once STOPPING, nothing but the teardown's end moves the loop, and it never runs again.
+    3. ``error`` is set by DIE alone, once, and never cleared; a loop dies only while it runs
+       (STARTING, RUNNING, DRAINING).
+    4. DRAINING is never left for RUNNING: a drained loop takes no more work until it stops.
+    """
+    phase = state.phase
+    if event is _Event.START:
+        if phase is not LoopPhase.NEW:
+            raise ReconcileLoopUsageError(_START_TWICE)
+        return _Lifecycle(LoopPhase.STARTING)
+    if event is _Event.SYNCED:
+        return (
+            dataclasses.replace(state, phase=LoopPhase.RUNNING)
+            if phase is LoopPhase.STARTING
+            else state
+        )
+    if event is _Event.DRAIN:
+        running = (LoopPhase.NEW, LoopPhase.STARTING, LoopPhase.RUNNING)
+        return dataclasses.replace(state, phase=LoopPhase.DRAINING) if phase in running else state
+    if event is _Event.DIE:
+        assert error is not None, "a death has a cause"
+        assert state.error is None, "a loop dies once"
+        assert phase not in _ENDING, f"death in {phase}"
+        return _Lifecycle(LoopPhase.DIED, error, cancelled_owner)
+    if event is _Event.STOP:
+        assert phase not in _ENDING, f"stop() in {phase}"
+        return dataclasses.replace(state, phase=LoopPhase.STOPPING)
+    assert phase is LoopPhase.STOPPING, f"torn down in {phase}"
+    return dataclasses.replace(state, phase=LoopPhase.STOPPED)
+
+
 class ReconcileLoop:
     """Calls ``reconcile(parent)`` for every parent whose objects changed, one parent at a time.
 
     ``start`` returns once the store holds a whole listing; ``stop`` cancels every task of the loop
     and waits for them. Prefer ``async with loop:``. Construct it inside a running event loop, and
-    use it on that one only.
+    use it on that one only. Its life is one ``LoopPhase`` (``phase``); misuse raises
+    ``ReconcileLoopUsageError``.
+
+    Keywords (all keyword-only):
+
+    - ``source`` (required): the ``SourceWatchFn`` whose events fill the store, e.g.
+      ``KubernetesReflector(...).watch``.
+    - ``reconcile`` (required): ``async reconcile(parent)``; an exception retries the parent with
+      backoff.
+    - ``key_map`` (``None``: each object is its own parent): maps an object to its parent key,
+      or ``None`` for an object no parent owns.
+    - ``resync_period`` (``DEFAULT_RESYNC_PERIOD``, 36000 s; ``None`` for never): every parent in
+      the store is queued again this often; below ``MINIMUM_RESYNC_PERIOD`` it is raised to it.
+    - ``failure_base_delay`` (1.0 s) and ``failure_max_delay`` (60.0 s): a failed parent is
+      retried after ``base * 2**(failures-1)``, capped at the maximum.
+    - ``source_retry_delay`` (``DEFAULT_SOURCE_RETRY_DELAY``, 1.0 s): the wait before the source
+      is called again after it ended or raised.
+    - ``clock`` (``None``: a ``RealClock``): every time and sleep of the loop; a ``FakeClock`` in
+      tests.
+    - ``name`` (``None``: the source's ``.name``, else ``"reconcile"``): prefixes every log line
+      and labels the metrics.
+    - ``slow_reconcile_after`` (``DEFAULT_SLOW_RECONCILE_AFTER``, 60 s): a reconcile running this
+      long is logged once as slow.
+    - ``reconcile_timeout`` (``None``: never): a reconcile running this long is cancelled and
+      retried as a failure.
+    - ``metrics`` (``None``: none): a ``MetricsProvider`` or a ``prometheus_client``
+      ``CollectorRegistry``.
+    - ``leadership`` (``None``: always reconcile): a ``Leadership`` gating every dispatch.
     """
 
     def __init__(
@@ -154,14 +276,9 @@ class ReconcileLoop:
         self._tasks: list[asyncio.Task[None]] = []
         self._worker: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
-        self._owner_cancelled = False
-        self._exiting = False
-        self._started = False
-        self._stopping = False
-        self._draining = False
-        self._stopped = asyncio.Event()
-        self._died = asyncio.Event()
-        self._error: BaseException | None = None
+        self._state = _Lifecycle()
+        self._ended = asyncio.Event()
+        self._torn_down = asyncio.Event()
         self.reconciles = 0
         self.reconcile_failures = 0
         self.reconcile_timeouts = 0
@@ -173,12 +290,11 @@ class ReconcileLoop:
 
     async def start(self) -> None:
         self._check_event_loop("start()")
-        if self._started or self._stopping:
-            raise RuntimeError("start() may be called once per ReconcileLoop, before stop()")
-        self._started = True
+        self._move(_Event.START)
         try:
             driver = self._spawn(self._driver.run(), "reconcile-source-driver")
             await self._wait_for_sync(driver)
+            self._move(_Event.SYNCED)
             self._worker = self._spawn(self._work(), "reconcile-worker")
             self._spawn(self._watch_reconciles(), "reconcile-watchdog")
             if self._resync_period is not None:
@@ -192,7 +308,7 @@ class ReconcileLoop:
         """Cancels every task of the loop and waits for them; raises ``ReconcileLoopError`` if
         the loop had already stopped on its own."""
         if self._worker is not None and asyncio.current_task() is self._worker:
-            raise AssertionError(_STOP_INSIDE_RECONCILE)
+            raise ReconcileLoopUsageError(_STOP_INSIDE_RECONCILE)
         if asyncio.get_running_loop() is not self._event_loop:
             if self._event_loop.is_closed():
                 return
@@ -205,7 +321,7 @@ class ReconcileLoop:
         other; returns once it has. ``stop()`` then ends the rest. The queue is left undone, as a
         level-triggered loop may: the next start lists again. Go: CR ``Controller.Start`` shutting
         its queue down and waiting for its workers when its context ends."""
-        self._draining = True
+        self._move(_Event.DRAIN)
         self._queue.shutdown()
         worker = self._worker
         if worker is not None and self._in_flight is not None:
@@ -214,14 +330,7 @@ class ReconcileLoop:
     async def wait(self) -> None:
         """Waits until the loop stops: returns after ``stop()``, raises ``ReconcileLoopError`` if
         it stopped on its own. Go: ``Controller.Start`` blocking until it returns."""
-        stopped = asyncio.create_task(self._stopped.wait())
-        died = asyncio.create_task(self._died.wait())
-        try:
-            await asyncio.wait([stopped, died], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-            died.cancel()
-            await asyncio.wait([stopped, died])
+        await self._ended.wait()
         self._raise_error()
 
     async def __aenter__(self) -> ReconcileLoop:
@@ -235,8 +344,7 @@ class ReconcileLoop:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._exiting = True
-        owner, cancelled_by_us = self._owner, self._owner_cancelled
+        owner, cancelled_by_us = self._owner, self._state.cancelled_owner
         self._owner = None
         if cancelled_by_us and owner is not None:
             owner.uncancel()
@@ -280,8 +388,8 @@ class ReconcileLoop:
             retries=retries,
             in_flight=in_flight,
             reconcile_timeouts=self.reconcile_timeouts,
-            stopped=self._stopped.is_set() or self._error is not None,
-            error=None if self._error is None else _one_line(self._error),
+            stopped=self._state.phase is LoopPhase.STOPPED or self._state.error is not None,
+            error=None if self._state.error is None else _one_line(self._state.error),
         )
 
     def source_status(self) -> SourceStatus:
@@ -299,13 +407,18 @@ class ReconcileLoop:
         return None if self._in_flight is None else self._in_flight_since
 
     @property
+    def phase(self) -> LoopPhase:
+        """Where the loop is in its life."""
+        return self._state.phase
+
+    @property
     def leadership(self) -> Leadership | None:
         """What gates the worker (``leadership=``), ``None`` if it reconciles unconditionally."""
         return self._leadership
 
     def _check_event_loop(self, what: str) -> None:
         if asyncio.get_running_loop() is not self._event_loop:
-            raise RuntimeError(
+            raise ReconcileLoopUsageError(
                 f"{what} called on another event loop than the one this ReconcileLoop"
                 f" ({self.name!r}) was constructed on; construct it inside the event loop that"
                 " runs it (its retry poller already runs on the first one)"
@@ -317,33 +430,43 @@ class ReconcileLoop:
         self._tasks.append(task)
         return task
 
+    def _move(
+        self, event: _Event, error: BaseException | None = None, cancelled_owner: bool = False
+    ) -> None:
+        self._state = _transition(self._state, event, error=error, cancelled_owner=cancelled_owner)
+        if self._state.phase in (LoopPhase.DIED, LoopPhase.STOPPED):
+            self._ended.set()
+        if self._state.phase is LoopPhase.STOPPED:
+            self._torn_down.set()
+
     def _on_task_done(self, task: asyncio.Task[None]) -> None:
-        if self._stopping or self._error is not None:
+        phase = self._state.phase
+        if phase in _ENDING or phase is LoopPhase.DIED:
             return
-        drained = self._draining and task is self._worker
+        drained = phase is LoopPhase.DRAINING and task is self._worker
         if drained and not task.cancelled() and task.exception() is None:
             return
         if task.cancelled():
             error: BaseException = asyncio.CancelledError(f"{task.get_name()} was cancelled")
         else:
             error = task.exception() or RuntimeError(f"{task.get_name()} returned")
-        self._error = error
+        owner = self._owner
+        cancel_owner = owner is not None and not owner.done()
+        self._move(_Event.DIE, error, cancel_owner)
         self._log.error("%s died, so the loop stops: %r", task.get_name(), error, exc_info=error)
         for other in self._tasks:
             other.cancel()
         self._queue.shutdown()
         self._retries.cancel()
-        self._died.set()
-        owner = self._owner
-        if owner is not None and not self._exiting and not owner.done():
-            self._owner_cancelled = True
+        if cancel_owner and owner is not None:
             owner.cancel(f"reconcile loop {self.name!r} stopped: {error!r}")
 
     def _raise_error(self) -> None:
-        if self._error is not None:
+        error = self._state.error
+        if error is not None:
             raise ReconcileLoopError(
-                f"reconcile loop {self.name!r} stopped: {_one_line(self._error)}"
-            ) from self._error
+                f"reconcile loop {self.name!r} stopped: {_one_line(error)}"
+            ) from error
 
     async def _wait_for_sync(self, driver: asyncio.Task[None]) -> None:
         synced = asyncio.create_task(self._driver.wait_for_sync())
@@ -352,19 +475,20 @@ class ReconcileLoop:
         finally:
             synced.cancel()
             await asyncio.wait([synced])
-        if synced.cancelled() or self._stopping:
-            if self._error is not None:
+        error = self._state.error
+        if synced.cancelled() or self._state.phase in _ENDING:
+            if error is not None:
                 raise ReconcileLoopError(
                     f"reconcile loop {self.name!r} stopped before the store synced:"
-                    f" {_one_line(self._error)}"
-                ) from self._error
+                    f" {_one_line(error)}"
+                ) from error
             raise RuntimeError("the loop was stopped before the store synced")
 
     async def _shut_down(self) -> None:
-        if self._stopping:
-            await self._stopped.wait()
+        if self._state.phase in _ENDING:
+            await self._torn_down.wait()
             return
-        self._stopping = True
+        self._move(_Event.STOP)
         try:
             for task in self._tasks:
                 task.cancel()
@@ -375,12 +499,12 @@ class ReconcileLoop:
             self._log_crashed_tasks()
             await self._driver.aclose()
         finally:
-            self._stopped.set()
+            self._move(_Event.STOPPED)
             self._log.debug("stopped")
 
     def _log_crashed_tasks(self) -> None:
         for task in self._tasks:
-            if task.cancelled() or task.exception() in (None, self._error):
+            if task.cancelled() or task.exception() in (None, self._state.error):
                 continue
             self._log.error("%s crashed while stopping: %r", task.get_name(), task.exception())
 
