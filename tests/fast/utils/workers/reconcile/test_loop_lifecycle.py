@@ -96,11 +96,13 @@ async def test_a_death_is_a_phase_and_stop_still_tears_down() -> None:
     assert loop.status().stopped
     with pytest.raises(ReconcileLoopError):
         await loop.stop()
-    assert loop.phase is P.STOPPED
+    assert loop.phase.value == "stopped"
 
 
 @pytest.mark.parametrize("caught", [RuntimeError, AssertionError, ReconcileLoopUsageError])
-async def test_start_twice_and_start_after_stop_are_usage_errors(caught: type) -> None:
+async def test_start_twice_and_start_after_stop_are_usage_errors(
+    caught: type[Exception],
+) -> None:
     source = FakeSource()
     source.push(replace(Pod("a", "cell-0")))
     loop = _loop(source)
@@ -113,7 +115,7 @@ async def test_start_twice_and_start_after_stop_are_usage_errors(caught: type) -
 
 @pytest.mark.parametrize("caught", [AssertionError, RuntimeError, ReconcileLoopUsageError])
 async def test_stop_inside_reconcile_is_a_usage_error_the_original_callers_still_catch(
-    caught: type,
+    caught: type[Exception],
 ) -> None:
     source = FakeSource()
     raised: list[BaseException] = []
