@@ -204,6 +204,8 @@ class ReconcileLoop:
     - ``metrics`` (``None``: none): a ``MetricsProvider`` or a ``prometheus_client``
       ``CollectorRegistry``.
     - ``leadership`` (``None``: always reconcile): a ``Leadership`` gating every dispatch.
+    - ``dispatch_gate`` (``None``: none): a ``DispatchGate`` (``own_writes.OwnWrites`` is one)
+      awaited before each parent is dispatched, and around its reconcile.
     """
 
     def __init__(
