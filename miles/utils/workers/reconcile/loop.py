@@ -392,6 +392,9 @@ class ReconcileLoop:
             reconcile_timeouts=self.reconcile_timeouts,
             stopped=self._state.phase is LoopPhase.STOPPED or self._state.error is not None,
             error=None if self._state.error is None else _one_line(self._state.error),
+            listings_applied=self._driver.listings_applied,
+            watch_events_applied=self._driver.watch_events_applied,
+            objects_stored=len(self._store),
         )
 
     def source_status(self) -> SourceStatus:

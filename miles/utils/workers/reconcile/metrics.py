@@ -320,7 +320,7 @@ RELISTS = Family(
     ("name", "reason"),
 )
 EVENTS = Family(
-    "counter", "reflector_events", "Total number of events the source delivered", _SOURCE
+    "counter", "reflector_events", "Total number of watch events the source delivered", _SOURCE
 )
 LAST_RESOURCE_VERSION = Family(
     "gauge",

@@ -68,6 +68,7 @@ class SourceStreamDriver:
         self._stream: AsyncIterator[SourceEvent] | None = None
         self._events = 0
         self._rejected = 0
+        self._listings_rejected = 0
         self._opening_lists = 0
         self._last_event_at: float | None = None
         self._stamped_events = 0
@@ -99,20 +100,32 @@ class SourceStreamDriver:
 
     @property
     def events_applied(self) -> int:
-        """Events the store applied, listings included."""
+        """Events the store applied, listings included: ``listings_applied`` plus
+        ``watch_events_applied``."""
         return self._events - self._rejected
+
+    @property
+    def listings_applied(self) -> int:
+        """``ReplaceEvent``s the store applied, each counting one."""
+        return self._store.replaces
+
+    @property
+    def watch_events_applied(self) -> int:
+        """Events other than listings the store applied."""
+        return self.events_applied - self._store.replaces
 
     async def aclose(self) -> None:
         stream, self._stream = self._stream, None
         await self._aclose_logging_failure(stream)
 
     def source_status(self) -> SourceStatus:
-        lists = self._store.replaces
+        applied = self._store.replaces
+        lists = applied + self._listings_rejected
         relists = {
             reason: count
             for reason, count in (
                 (RELIST_ON_REOPEN, self._opening_lists - 1),
-                (RELIST_IN_STREAM, lists - self._opening_lists),
+                (RELIST_IN_STREAM, applied - self._opening_lists),
             )
             if count > 0
         }
@@ -121,7 +134,7 @@ class SourceStreamDriver:
             phase_since=self._phase_since,
             backoff_until=self._backoff_until,
             last_event_at=self._last_event_at,
-            events=self._events,
+            events=self._events - lists,
             lists=lists,
             watches=self._opened,
             watch_restarts=max(0, self._opened - 1),
@@ -169,8 +182,7 @@ class SourceStreamDriver:
             try:
                 affected = handle_event(event)
             except Exception as exc:
-                self._rejected += 1
-                self._log_rejected(event, exc)
+                self._reject(event, exc)
                 continue
             if affected:
                 on_affected(affected)
@@ -186,6 +198,7 @@ class SourceStreamDriver:
             return False
         self._note_event()
         if not isinstance(first, ReplaceEvent):
+            self._rejected += 1
             self._fail(
                 f"source stream opened with {type(first).__name__} instead of a ReplaceEvent"
                 f" ({describe(first, _REPR_LIMIT)})"
@@ -215,13 +228,17 @@ class SourceStreamDriver:
         try:
             affected = self._store.handle_event(event)
         except Exception as exc:
-            self._rejected += 1
-            self._log_rejected(event, exc)
+            self._reject(event, exc)
             return False
         self._opening_lists += 1
         if affected:
             self._on_affected(affected)
         return True
+
+    def _reject(self, event: object, exc: Exception) -> None:
+        self._rejected += 1
+        self._listings_rejected += isinstance(event, ReplaceEvent)
+        self._log_rejected(event, exc)
 
     def _log_rejected(self, event: object, exc: Exception) -> None:
         if isinstance(event, SOURCE_EVENT_TYPES):

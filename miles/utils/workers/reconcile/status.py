@@ -44,7 +44,11 @@ class SourceStatus:
     last_event_at: float | None = None
     last_bookmark_at: float | None = None
     events: int = 0
+    """Watch events received: the objects' changes the stream delivered after its listings (not
+    the listings, not bookmarks), whether or not the store could apply them."""
     lists: int = 0
+    """Listings requested (a LIST or a streaming list), the first and every relist, failed ones
+    included; a source that reports nothing counts the listings its stream delivered."""
     watches: int = 0
     watch_restarts: int = 0
     relists: Mapping[str, int] = field(default_factory=dict)
@@ -52,6 +56,16 @@ class SourceStatus:
     last_error: str | None = None
     last_error_at: float | None = None
     suspect: bool = False
+
+    @property
+    def watch_events_received(self) -> int:
+        """``events`` by what it counts."""
+        return self.events
+
+    @property
+    def listings_requested(self) -> int:
+        """``lists`` by what it counts."""
+        return self.lists
 
 
 @runtime_checkable
@@ -84,13 +98,22 @@ class ReconcileInFlight:
 
 @dataclass(frozen=True, slots=True)
 class LoopStatus:
-    """One snapshot of a ``ReconcileLoop``: ``ReconcileLoop.status()``."""
+    """One snapshot of a ``ReconcileLoop``: ``ReconcileLoop.status()``.
+
+    What the store applied is counted by kind, so no two counts read as a contradiction (a fresh
+    loop has applied one listing and no watch event): ``listings_applied`` (each ``ReplaceEvent``
+    counts one, however many objects it holds), ``watch_events_applied`` (upserts and deletes),
+    and ``objects_stored``, the objects the store holds. ``events_applied``, the older name, is
+    the first two together.
+    """
 
     name: str
     taken_at: float
     synced: bool
     source: SourceStatus
     events_applied: int = 0
+    """Source events the store applied, listings included: ``listings_applied`` plus
+    ``watch_events_applied`` (kept under its first name)."""
     reconciles: int = 0
     reconcile_failures: int = 0
     queue_depth: int = 0
@@ -100,3 +123,9 @@ class LoopStatus:
     stopped: bool = False
     error: str | None = None
     """Why the loop stopped on its own (a task of it died), one line; ``None`` while it serves."""
+    listings_applied: int = 0
+    """Listings the store applied (``ReplaceEvent``s: the first and every relist)."""
+    watch_events_applied: int = 0
+    """Watch events the store applied (upserts and deletes); ``source.events`` were received."""
+    objects_stored: int = 0
+    """Objects the store holds when the snapshot is taken."""

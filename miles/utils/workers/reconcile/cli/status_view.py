@@ -105,7 +105,8 @@ def _one_line(text: str) -> str:
 
 
 def status_record(status: LoopStatus, *, now: Callable[[], float] = time.time) -> dict[str, Any]:
-    """The snapshot as JSON-ready data: every field, loop-clock times as ISO local wall times."""
+    """The snapshot as JSON-ready data: every field (and each count under the name of what it
+    counts, where its field's name does not say), loop-clock times as ISO local wall times."""
 
     def convert(value: Any, key: str = "") -> Any:
         if isinstance(value, enum.Enum):
@@ -115,9 +116,9 @@ def status_record(status: LoopStatus, *, now: Callable[[], float] = time.time) -
                 return datetime.fromtimestamp(now()).astimezone().isoformat()
             return wall_time(status, value, now=now).isoformat()
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {
-                f.name: convert(getattr(value, f.name), f.name) for f in dataclasses.fields(value)
-            }
+            names = [f.name for f in dataclasses.fields(value)]
+            names += _named_counts(value)
+            return {name: convert(getattr(value, name), name) for name in names}
         if isinstance(value, tuple | list):
             return [convert(v) for v in value]
         if isinstance(value, dict):
@@ -126,6 +127,13 @@ def status_record(status: LoopStatus, *, now: Callable[[], float] = time.time) -
 
     record: dict[str, Any] = convert(status)
     return record
+
+
+def _named_counts(value: object) -> tuple[str, ...]:
+    """Counts a record also carries under the name of what they count, beside their first key."""
+    if isinstance(value, SourceStatus):
+        return ("watch_events_received", "listings_requested")
+    return ()
 
 
 def status_text(status: LoopStatus, *, now: Callable[[], float] = time.time) -> list[str]:
@@ -148,8 +156,10 @@ def status_text(status: LoopStatus, *, now: Callable[[], float] = time.time) -> 
         f"Last event:         {at(source.last_event_at)}",
         f"Last bookmark:      {at(source.last_bookmark_at)}",
         f"Suspect:            {'yes: no event or bookmark lately' if source.suspect else 'no'}",
-        f"Events:             {source.events} received, {status.events_applied} applied",
-        f"Lists:              {source.lists} (relists: {relists})",
+        f"Watch events:       {source.events} received, {status.watch_events_applied} applied",
+        f"Listings:           {status.listings_applied} applied, {source.lists} requested"
+        f" (relists: {relists})",
+        f"Objects:            {status.objects_stored} in the store",
         f"Watches:            {source.watches} ({source.watch_restarts} restarts)",
         f"Reconciles:         {status.reconciles} ({status.reconcile_failures} failed)",
         f"Queue depth:        {status.queue_depth}",

@@ -279,6 +279,9 @@ def test_status_text_and_json_carry_every_field() -> None:
             last_error_at=95.0,
         ),
         events_applied=7,
+        listings_applied=2,
+        watch_events_applied=5,
+        objects_stored=30,
         reconciles=4,
         reconcile_failures=1,
         queue_depth=2,
@@ -290,7 +293,9 @@ def test_status_text_and_json_carry_every_field() -> None:
         "(5s ago)",
         "Cursor:             812",
         "Last bookmark:      never",
-        "Lists:              2 (relists: expired=1)",
+        "Watch events:       7 received, 5 applied",
+        "Listings:           2 applied, 2 requested (relists: expired=1)",
+        "Objects:            30 in the store",
         "Reconciles:         4 (1 failed)",
         "Queue depth:        2",
         "Backing off until:",
@@ -303,6 +308,10 @@ def test_status_text_and_json_carry_every_field() -> None:
     record = json.loads(json.dumps(status_record(status, now=lambda: WALL)))
     assert record["source"]["phase"] == "backing off"
     assert record["source"]["relists"] == {"expired": 1}
+    assert record["source"]["events"] == record["source"]["watch_events_received"] == 7
+    assert record["source"]["lists"] == record["source"]["listings_requested"] == 2
+    assert (record["listings_applied"], record["watch_events_applied"]) == (2, 5)
+    assert (record["events_applied"], record["objects_stored"]) == (7, 30)
     assert record["source"]["last_bookmark_at"] is None
     assert record["retries"][0]["parent"] == "cell-1"
     assert record["source"]["phase_since"] == (
@@ -359,6 +368,10 @@ async def test_status_command_syncs_a_loop_and_returns_its_snapshot() -> None:
         return
     status = await take_status(options, pod_api=api, drain_seconds=0.0)
     assert status.synced
+    text = status_text(status)
+    assert "Watch events:       0 received, 0 applied" in text, "the listing is no watch event"
+    assert "Listings:           1 applied, 1 requested (relists: none)" in text
+    assert "Objects:            1 in the store" in text
 
 
 def test_a_loop_that_stopped_on_its_own_says_so_in_the_status_line() -> None:

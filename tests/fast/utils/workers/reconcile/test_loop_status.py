@@ -12,7 +12,7 @@ import pytest
 from miles.utils.workers.reconcile.clock import FakeClock, settle
 from miles.utils.workers.reconcile.log import LOOP_NAME_FIELD
 from miles.utils.workers.reconcile.loop import ReconcileLoop
-from miles.utils.workers.reconcile.source_event import ParentKey, SourceEvent
+from miles.utils.workers.reconcile.source_event import ParentKey, ReplaceEvent, SourceEvent
 from miles.utils.workers.reconcile.status import (
     ReconcileInFlight,
     RetryStatus,
@@ -148,8 +148,12 @@ async def test_driver_status_phases_counters_and_last_error() -> None:
     source.push(upsert(Pod("a", "cell-0", 1)), object(), replace(Pod("a", "cell-0", 2)))
     await settle()
     snapshot = loop.status()
-    assert snapshot.source.events == 4
+    assert snapshot.source.events == 2, "watch events received: the upsert and the garbage"
+    assert snapshot.source.watch_events_received == snapshot.source.events
+    assert (snapshot.listings_applied, snapshot.watch_events_applied) == (2, 1)
+    assert snapshot.source.lists == snapshot.source.listings_requested == 2
     assert snapshot.events_applied == 3, "the listing, the upsert, the replace; not the garbage"
+    assert snapshot.objects_stored == 1, "the replace in the stream left only a"
     assert snapshot.source.last_event_at == 2.0, "sampled by status() itself"
     await clock.advance(5.0)
     source.push(upsert(Pod("b", "cell-1", 1)))
@@ -216,4 +220,24 @@ async def test_in_flight_names_the_parent_and_its_start_and_turns_slow() -> None
     release.set()
     await settle()
     assert loop.status().in_flight is None
+    await loop.stop()
+
+
+async def test_counts_name_what_they_count_and_a_fresh_loop_has_applied_one_listing() -> None:
+    """A synced loop has applied its listing and no watch event; a rejected listing is requested
+    but not applied; ``events_applied`` (the older name) stays the two applied counts together."""
+    source, clock = FakeSource(), FakeClock()
+    loop = _loop(source, Recorder(), clock)
+    source.push(replace(Pod("a", "cell-0"), Pod("b", "cell-1")))
+    await loop.start()
+    status = loop.status()
+    assert (status.source.events, status.watch_events_applied) == (0, 0)
+    assert (status.listings_applied, status.source.lists, status.objects_stored) == (1, 1, 2)
+    assert status.events_applied == 1
+    source.push(upsert(Pod("c", "cell-1")), ReplaceEvent(objects=None))  # type: ignore[arg-type]
+    await settle()
+    status = loop.status()
+    assert (status.source.events, status.watch_events_applied) == (1, 1)
+    assert (status.listings_applied, status.source.lists, status.objects_stored) == (1, 2, 3)
+    assert status.events_applied == status.listings_applied + status.watch_events_applied == 2
     await loop.stop()

@@ -105,6 +105,8 @@ async def test_row_streaming_list_dropped_a_stream_not_opening_with_replace_is_r
     assert h.notified == []
     assert (source.opened, source.closed) == (1, 1)
     assert "UpsertEvent instead of a ReplaceEvent" in caplog.text
+    assert h.driver.events_applied == 0, "received, not applied"
+    assert h.driver.source_status().events == 1
     await h.clock.advance(RETRY - 0.5)
     assert source.opened == 1, "not reopened before retry_delay"
     await h.clock.advance(0.5)
