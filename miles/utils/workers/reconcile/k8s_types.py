@@ -7,15 +7,17 @@ through ``AliasChoices``, and ``None`` for a map, a list or a nested object read
 model validates a ``kubernetes_asyncio`` model object, a snake_case or camelCase dict, and raw JSON
 bytes (``Pod.model_validate_json``), which is the path ``k8s_api`` uses.
 
-Only what names an object and decides a pod's parent can reject it: ``metadata.name`` (the
+Only what names an object and decides a pod's parent can reject it: a pod's ``metadata.name`` (the
 object key) and ``metadata.labels`` (what ``key_map`` reads). Every other field is ``Lenient``: a
 value that does not validate (a timestamp before year 1, a number where a string belongs, a list
 item that is not an object) reads as absent, with one DEBUG line naming the field, and the rest of
 the object stands.
 
 ``PodList`` and ``EventList`` read ``kubectl get … -o json`` documents and LIST bodies: an item
-that cannot be read (no name, ``null``, another kind) is left out and named in ``skipped``, with
-one WARNING line per document; only a document that is not an object raises ``ValidationError``.
+that cannot be read (``null``, another kind, a pod without a name: its name is its key) is left
+out and named in ``skipped``, with one WARNING line per document; an event or a job without
+``metadata`` reads with an empty one (``ObjectMeta``) and is kept; only a document that is not an
+object raises ``ValidationError``.
 Bytes of a long document are validated a run of items at a time (``item_runs``), the same object.
 """
 
@@ -167,6 +169,16 @@ class PodMetadata(_View):
     )
 
 
+class ObjectMeta(PodMetadata):
+    """Any object's metadata (metav1 ``ObjectMeta``), as a pod's plus ``generation`` and
+    ``finalizers``. Absent (or ``null``) it reads as empty, as Go's zero value does: ``name`` is
+    then ``""``. A pod's metadata (``PodMetadata``) requires the name, the key it is stored by."""
+
+    name: OrEmpty[str] = ""
+    generation: Lenient[int | None] = None
+    finalizers: Lenient[list[str]] = Field(default_factory=list)
+
+
 class PodSchedulingGate(_View):
     name: Lenient[str | None] = None
 
@@ -310,9 +322,10 @@ class ObjectReference(_View):
 
 class Event(_View):
     """A core/v1 ``Event``, as ``kubectl get events -o json`` prints it. ``event_time`` is the
-    ``MicroTime`` newer reporters set instead of the two timestamps."""
+    ``MicroTime`` newer reporters set instead of the two timestamps. Without ``metadata`` (an event
+    the API left half empty) it reads with an empty one."""
 
-    metadata: PodMetadata
+    metadata: OrEmpty[ObjectMeta] = Field(default_factory=ObjectMeta)
     involved_object: Lenient[ObjectReference] = _both(
         "involved_object", "involvedObject", default_factory=ObjectReference
     )
@@ -342,9 +355,10 @@ class JobStatus(_View):
 
 
 class Job(_View):
-    """A batch/v1 ``Job``: its name and what its conditions and counts say."""
+    """A batch/v1 ``Job``: its name and what its conditions and counts say. Without ``metadata``
+    (a document read for its ``status`` alone) it reads with an empty one."""
 
-    metadata: PodMetadata
+    metadata: OrEmpty[ObjectMeta] = Field(default_factory=ObjectMeta)
     status: Lenient[JobStatus] = Field(default_factory=JobStatus)
 
 

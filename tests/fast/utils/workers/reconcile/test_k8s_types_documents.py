@@ -27,6 +27,7 @@ from miles.utils.workers.reconcile.k8s_types import (
     FrameMetadata,
     Job,
     JobCondition,
+    ObjectMeta,
     ObjectReference,
     PodList,
     SkippedItem,
@@ -274,3 +275,55 @@ def test_list_models_are_frozen_and_dump_their_items_only() -> None:
         pods.items = []
     assert set(pods.model_dump()) == {"items"}
     assert PodList.model_validate(pods.model_dump()).items == pods.items
+
+
+@pytest.mark.parametrize("metadata", ["absent", "null"])
+def test_an_event_and_a_job_without_metadata_read_with_an_empty_one(metadata: str) -> None:
+    """The system builds both from documents without metadata (a job read for its status alone,
+    an event the API left half empty): absent is empty, as Go's zero ``ObjectMeta``."""
+    event_doc = json.loads(EVENTS)["items"][0]
+    job_doc = json.loads(JOB)
+    for doc in (event_doc, job_doc):
+        if metadata == "absent":
+            del doc["metadata"]
+        else:
+            doc["metadata"] = None
+    event = Event.model_validate_json(json.dumps(event_doc).encode())
+    job = Job.model_validate(job_doc)
+    assert event.metadata == job.metadata == ObjectMeta()
+    assert (event.metadata.name, event.metadata.labels, event.metadata.finalizers) == ("", {}, [])
+    assert event.reason == "Scheduled"
+    assert job.status.failed == 3
+
+
+@pytest.mark.parametrize("shape", ["bytes", "camelCase dict"])
+def test_an_event_list_keeps_events_without_metadata_and_a_pod_list_skips_nameless_pods(
+    shape: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event is kept whatever its metadata; a pod's name is the key it is stored by, so a pod
+    without one is still left out and named (record row ``k8s_types.py`` "Objects without
+    metadata")."""
+    events = json.loads(EVENTS)
+    del events["items"][1]["metadata"]
+    pods = json.loads(PODS)
+    del pods["items"][1]["metadata"]
+    as_shape = (lambda d: json.dumps(d).encode()) if shape == "bytes" else (lambda d: d)
+    with caplog.at_level(logging.WARNING, logger=k8s_types.__name__):
+        event_list = _read(EventList, shape, as_shape(events))
+        assert caplog.records == []
+        pod_list = _read(PodList, shape, as_shape(pods))
+    assert [e.reason for e in event_list.items] == ["Scheduled", "Pulled", "BackOff"]
+    assert (event_list.items[1].metadata.name, event_list.skipped) == ("", ())
+    assert len(pod_list.items) == len(pods["items"]) - 1
+    assert pod_list.skipped == (SkippedItem(index=1, name=None, reason="metadata: Field required"),)
+
+
+def test_a_long_event_list_read_in_runs_keeps_events_without_metadata() -> None:
+    one = json.loads(EVENTS)["items"][0]
+    del one["metadata"]
+    doc = {"kind": "List", "apiVersion": "v1", "items": [one] * 3000}
+    data = json.dumps(doc).encode()
+    assert len(data) > 2 * 256 * 2**10, "long enough to be read in runs"
+    events = EventList.model_validate_json(data)
+    assert (len(events.items), events.skipped) == (3000, ())
+    assert {e.metadata.name for e in events.items} == {""}
