@@ -35,6 +35,7 @@ from miles.utils.workers.reconcile.cli.pool_loop import (
 )
 from miles.utils.workers.reconcile.cli.signals import INTERRUPTED_EXIT, stop_on_signals
 from miles.utils.workers.reconcile.source_event import ParentKey
+from miles.utils.workers.reconcile.tasks import finished, first_of
 
 NAMESPACE = "miles-demo"
 APP_LABEL = "app"
@@ -444,17 +445,8 @@ async def redrawing(view: LiveView, *, enabled: bool) -> AsyncIterator[None]:
 
 async def until_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
     """``work``'s result, or ``None`` once ``stop`` is set first (``work`` is then cancelled)."""
-    task = asyncio.create_task(work)
-    waiter = asyncio.create_task(stop.wait())
-    try:
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(task, waiter, return_exceptions=True)
-    return task.result() if not task.cancelled() else None
+    task, _ = await first_of(work, stop.wait())
+    return task.result() if finished(task) else None
 
 
 async def run_demo(*, short: bool, out: TextIO, err: TextIO) -> int:

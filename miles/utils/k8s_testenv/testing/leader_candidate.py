@@ -35,6 +35,7 @@ from miles.utils.workers.reconcile.leader_election import (
     LeaderElector,
 )
 from miles.utils.workers.reconcile.lease_lock import LeaseApi, LeaseLock
+from miles.utils.workers.reconcile.tasks import first_of
 
 ACTING_PERIOD = 0.1
 
@@ -58,14 +59,11 @@ async def campaign(lock: LeaseLock, options: argparse.Namespace, stop: asyncio.E
     identity = elector.identity
     async with elector:
         reporter = asyncio.create_task(_report(elector, identity))
-        lost = asyncio.create_task(elector.wait_until_lost())
-        stopping = asyncio.create_task(stop.wait())
         try:
-            await asyncio.wait([lost, stopping], return_when=asyncio.FIRST_COMPLETED)
+            await first_of(elector.wait_until_lost(), stop.wait())
         finally:
-            for task in (reporter, lost, stopping):
-                task.cancel()
-            await asyncio.wait([reporter, lost, stopping])
+            reporter.cancel()
+            await asyncio.wait([reporter])
     emit(identity, "stopped", elector.leader)
     return stop.is_set()
 

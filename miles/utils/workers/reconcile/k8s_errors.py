@@ -22,6 +22,7 @@ from enum import StrEnum
 from pydantic import ValidationError
 
 from miles.utils.workers.reconcile.k8s_types import WatchFrame
+from miles.utils.workers.reconcile.log import one_line
 
 CURSOR_REJECTED_CODES = frozenset({410, 504})
 """410 Expired/Gone, and 504 (reason Timeout, cause ResourceVersionTooLarge): a resourceVersion
@@ -193,6 +194,10 @@ def exception_retry_after(exc: BaseException) -> float | None:
     return parse_retry_after(getter("Retry-After") if callable(getter) else None)
 
 
+exception_summary = one_line
+"""``log.one_line``, under the name the adapter's modules and their callers import."""
+
+
 def parse_retry_after(value: object) -> float | None:
     """A ``Retry-After`` header's delay in seconds; ``None`` for an absent, negative or HTTP-date
     value (the apiserver sends whole seconds)."""
@@ -203,12 +208,6 @@ def parse_retry_after(value: object) -> float | None:
     except ValueError:
         return None
     return seconds if 0 <= seconds < float("inf") else None
-
-
-def exception_summary(err: BaseException) -> str:
-    """The exception's type and text on one line (``ApiException``'s text spans several)."""
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def _int_attributes(exc: BaseException, *names: str) -> list[int]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-from miles.utils.workers.reconcile.k8s_errors import exception_rejects_cursor, exception_summary
+from miles.utils.workers.reconcile.k8s_errors import exception_rejects_cursor
 from miles.utils.workers.reconcile.k8s_interfaces import (
     PagedPodApi,
     PrefetchPagedPodApi,
@@ -36,6 +36,8 @@ from miles.utils.workers.reconcile.k8s_interfaces import (
 )
 from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage
 from miles.utils.workers.reconcile.list_memory import listing
+from miles.utils.workers.reconcile.log import one_line
+from miles.utils.workers.reconcile.tasks import first_of
 
 LIST_PAGE_SIZE = 500
 """Pods per LIST page, client-go's ``pager.defaultPageSize``."""
@@ -77,7 +79,7 @@ async def _list(
             log.warning(
                 "pod LIST continue token expired after %d pods (%s), %s",
                 expired.pods_read,
-                exception_summary(expired.cause),
+                one_line(expired.cause),
                 "relisting from the first page"
                 if attempt < PAGED_ATTEMPTS
                 else "falling back to one unpaged LIST",
@@ -156,8 +158,7 @@ class _Read:
     async def head_or_none(self) -> str | None:
         """The continue token read from the page's first bytes, once they are in (so its request
         is on the wire and its server answering); ``None`` if the read ended without them."""
-        either: set[asyncio.Future[Any]] = {self.task, self.head}
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        await first_of(self.task, self.head)
         return self.head.result() if self.head.done() else None
 
     async def discard(self) -> None:

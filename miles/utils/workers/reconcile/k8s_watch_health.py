@@ -25,9 +25,9 @@ from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
     KubernetesApiError,
     KubernetesConnectionError,
-    exception_summary,
 )
 from miles.utils.workers.reconcile.k8s_framing import ByteStream, read_idle_error
+from miles.utils.workers.reconcile.log import one_line
 
 PROBE_EVERY = 15.0
 """Seconds from one probe of a silent read to the next: client-go's ``PingTimeout``, so a silent
@@ -187,7 +187,7 @@ class WatchHealthCheck:
     def _unreachable(self, read: _Read, err: KubernetesConnectionError) -> Exception:
         return KubernetesConnectionError(
             f"pod watch delivered nothing for {self._silence(read)} and a probe on another "
-            f"connection failed: {exception_summary(err)}",
+            f"connection failed: {one_line(err)}",
             kind=err.kind,
             server=err.server or self._server,
             reason=err.reason,

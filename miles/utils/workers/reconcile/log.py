@@ -41,3 +41,17 @@ def describe(value: object, limit: int = 200) -> str:
         return f"<unrepresentable {type(value).__name__}: {exc!r}>"
     text = text if len(text) <= limit else text[:limit] + "..."
     return f"{type(value).__name__} {text}"
+
+
+def one_line(error: BaseException | str, limit: int | None = None) -> str:
+    """An error on one line, the one summary every log line, status field and message uses: an
+    exception as ``Type: text`` (its type alone when the text is blank), its text's lines joined
+    (``ApiException``'s text spans several); a string, already a summary, as its first line (what
+    follows is detail); runs of whitespace as one space; longer than ``limit`` characters, cut
+    there and ended with ``...``."""
+    if isinstance(error, BaseException):
+        text = " ".join(str(error).split())
+        line = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    else:
+        line = " ".join(error.split("\n", 1)[0].split())
+    return line if limit is None or len(line) <= limit else line[:limit] + "..."

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from miles.utils.workers.reconcile.arguments import delay_range, optional_period, positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock, time_function
-from miles.utils.workers.reconcile.log import NamedLogger
+from miles.utils.workers.reconcile.log import NamedLogger, one_line
 from miles.utils.workers.reconcile.metrics_provider import (
     MetricsProvider,
     NoMetrics,
@@ -32,6 +32,7 @@ from miles.utils.workers.reconcile.status import (
     SourceStatus,
     StatusReporter,
 )
+from miles.utils.workers.reconcile.tasks import first_of
 from miles.utils.workers.reconcile.work_queue import WorkQueue
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ DEFAULT_RESYNC_PERIOD = 36000.0
 DEFAULT_SLOW_RECONCILE_AFTER = 60.0
 DEFAULT_NAME = "reconcile"
 DEFAULT_SOURCE_RETRY_DELAY = 1.0
+ERROR_SUMMARY_LIMIT = 300
+"""Characters of an error the loop keeps in ``status()`` and its own messages."""
 SAMPLE_PERIOD = 1.0
 """How often the watchdog stamps the time of the last event (so it is at most this late)."""
 MINIMUM_RESYNC_PERIOD = 1.0
@@ -391,7 +394,7 @@ class ReconcileLoop:
             in_flight=in_flight,
             reconcile_timeouts=self.reconcile_timeouts,
             stopped=self._state.phase is LoopPhase.STOPPED or self._state.error is not None,
-            error=None if self._state.error is None else _one_line(self._state.error),
+            error=None if self._state.error is None else _summary(self._state.error),
             listings_applied=self._driver.listings_applied,
             watch_events_applied=self._driver.watch_events_applied,
             objects_stored=len(self._store),
@@ -470,22 +473,17 @@ class ReconcileLoop:
         error = self._state.error
         if error is not None:
             raise ReconcileLoopError(
-                f"reconcile loop {self.name!r} stopped: {_one_line(error)}"
+                f"reconcile loop {self.name!r} stopped: {_summary(error)}"
             ) from error
 
     async def _wait_for_sync(self, driver: asyncio.Task[None]) -> None:
-        synced = asyncio.create_task(self._driver.wait_for_sync())
-        try:
-            await asyncio.wait([synced, driver], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            synced.cancel()
-            await asyncio.wait([synced])
+        synced, _ = await first_of(self._driver.wait_for_sync(), driver)
         error = self._state.error
         if synced.cancelled() or self._state.phase in _ENDING:
             if error is not None:
                 raise ReconcileLoopError(
                     f"reconcile loop {self.name!r} stopped before the store synced:"
-                    f" {_one_line(error)}"
+                    f" {_summary(error)}"
                 ) from error
             raise RuntimeError("the loop was stopped before the store synced")
 
@@ -586,7 +584,7 @@ class ReconcileLoop:
             delay = self._retries.note_failure(parent, reason)
             self._log.error("reconcile of parent %r %s; %s", parent, reason, _retrying(delay))
         else:
-            delay = self._retries.note_failure(parent, _one_line(error))
+            delay = self._retries.note_failure(parent, _summary(error))
             self._log.error(
                 "reconcile of parent %r failed, %s: %r",
                 parent,
@@ -689,11 +687,9 @@ def _retrying(delay: float) -> str:
     return f"retrying in {delay:.3g}s" if math.isfinite(delay) else "not retried: the loop stopped"
 
 
-def _one_line(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    line = " ".join(text.split())
-    return line if len(line) <= 300 else line[:300] + "..."
-
-
 def _with_error(status: SourceStatus, error: str, clock: Clock) -> SourceStatus:
     return dataclasses.replace(status, last_error=error, last_error_at=clock.time())
+
+
+def _summary(error: BaseException) -> str:
+    return one_line(error, ERROR_SUMMARY_LIMIT)

@@ -81,20 +81,7 @@ class ObjectStore:
         return len(self._parent_of)
 
     def _upsert(self, key: ObjectKey, obj: Any) -> Affected:
-        # _parent_for and the index update inlined: this runs once per watch event.
-        key_map = self._key_map
-        if key_map is None:
-            parent: ParentKey | None = key
-        else:
-            try:
-                parent = key_map(obj)
-            except Exception as exc:
-                parent = self._unmapped(key, f"key_map raised {exc!r}")
-            else:
-                if parent.__class__ is not str:
-                    parent = self._checked(key, parent)
-                elif self._unmappable:
-                    self._unmappable.pop(key, None)
+        parent = self._parent_for(key, obj)
         if parent is None:
             left = self._evict(key)
             return _NONE if left is None else {left}
@@ -126,23 +113,9 @@ class ObjectStore:
             affected[self._members_remove(key, self._parent_of.pop(key))] = None
         for key in [key for key in self._unmappable if key not in objects]:
             del self._unmappable[key]
-        # _upsert's inlined paths again: this runs once per listed object.
-        key_map, unmappable = self._key_map, self._unmappable
-        parent_of, members_of = self._parent_of, self._members
-        parent: ParentKey | None
+        parent_for, parent_of, members_of = self._parent_for, self._parent_of, self._members
         for key, obj in objects.items():
-            if key_map is None:
-                parent = key
-            else:
-                try:
-                    parent = key_map(obj)
-                except Exception as exc:
-                    parent = self._unmapped(key, f"key_map raised {exc!r}")
-                else:
-                    if parent.__class__ is not str:
-                        parent = self._checked(key, parent)
-                    elif unmappable:
-                        unmappable.pop(key, None)
+            parent = parent_for(key, obj)
             if parent is None:
                 left = self._evict(key)
                 if left is not None:
@@ -162,6 +135,8 @@ class ObjectStore:
         return affected.keys()
 
     def _parent_for(self, key: ObjectKey, obj: Any) -> ParentKey | None:
+        """The one parent resolution: ``key_map``'s answer checked, the object's own key without
+        one; a raise or a non-``str`` answer is logged once and reads as ``None``."""
         if self._key_map is None:
             return key
         try:

@@ -29,6 +29,7 @@ from miles.utils.workers.reconcile.source_event import (
     SourceWatchFn,
     UpsertEvent,
 )
+from miles.utils.workers.reconcile.tasks import first_of
 
 logger = logging.getLogger(__name__)
 
@@ -217,14 +218,7 @@ class OwnWrites:
     async def _progress_or_sleep(self, seconds: float) -> None:
         if self._progress is None:
             self._progress = asyncio.Event()
-        progress = asyncio.ensure_future(self._progress.wait())
-        sleep = asyncio.ensure_future(self._clock.sleep(seconds))
-        try:
-            await asyncio.wait([progress, sleep], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            progress.cancel()
-            sleep.cancel()
-            await asyncio.gather(progress, sleep, return_exceptions=True)
+        await first_of(self._progress.wait(), self._clock.sleep(seconds))
 
 
 def _newer_or_same(previous: _Written, number: int | None) -> bool:

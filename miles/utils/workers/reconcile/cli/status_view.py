@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from miles.utils.workers.reconcile.log import one_line
 from miles.utils.workers.reconcile.status import LoopStatus, SourcePhase, SourceStatus
 
 
@@ -88,7 +89,7 @@ def connection_text(
     since = f" since {local_clock(trouble_since)}" if trouble_since is not None else ""
     if phase is SourcePhase.LISTING and trouble_since is None:
         return "listing"
-    error = f": {_one_line(source.last_error)}" if source.last_error else ""
+    error = f": {one_line(source.last_error)}" if source.last_error else ""
     return f"reconnecting{since}{error}"
 
 
@@ -97,11 +98,7 @@ def _stopped(status: LoopStatus) -> str | None:
     if not getattr(status, "stopped", False):
         return None
     error = getattr(status, "error", None)
-    return f"loop stopped: {_one_line(error)}" if error else "loop stopped"
-
-
-def _one_line(text: str) -> str:
-    return text.splitlines()[0] if text else text
+    return f"loop stopped: {one_line(error)}" if error else "loop stopped"
 
 
 def status_record(status: LoopStatus, *, now: Callable[[], float] = time.time) -> dict[str, Any]:
@@ -168,7 +165,7 @@ def status_text(status: LoopStatus, *, now: Callable[[], float] = time.time) -> 
         lines.append(f"Backing off until:  {at(source.backoff_until)}")
     if source.last_error:
         lines.append(
-            f"Last error:         {_one_line(source.last_error)} ({at(source.last_error_at)})"
+            f"Last error:         {one_line(source.last_error)} ({at(source.last_error_at)})"
         )
     if status.in_flight is not None:
         lines.append(
@@ -182,7 +179,7 @@ def status_text(status: LoopStatus, *, now: Callable[[], float] = time.time) -> 
     lines.append(f"Retries:            {len(status.retries) or 'none'}")
     lines.extend(
         f"  {r.parent}: {r.failures} failures, next at {at(r.next_attempt_at)}: "
-        f"{_one_line(r.last_error)}"
+        f"{one_line(r.last_error)}"
         for r in status.retries
     )
     return lines
