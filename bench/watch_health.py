@@ -1,4 +1,4 @@
-"""How fast a silently dead watch is found (issue 27.6), on both kube-apiservers.
+"""How fast a silently dead watch is found, on both kube-apiservers.
 
 Run from the repository root::
 

@@ -3,8 +3,9 @@
 Go counterpart: none. The TCP proxy cuts and silences connections, the HTTP proxy answers chosen
 statuses, corrupts chunks and black-holes connections, and the control plane restarts its
 apiserver and etcd, compacts history and restores etcd from a snapshot. The broken frames
-(issue 26.1) break the frame of one write on each client's watch, one proxy fault per client
-told apart by its User-Agent, and are timed from that write.
+(the record's `k8s_reflector.py` row "Malformed frames") break the frame of one write on each
+client's watch, one proxy fault per client told apart by its User-Agent, and are timed from that
+write.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class Faults:
 
     async def _break_a_frame(self, fault: FaultKind) -> Healed:
         """A label write to a pod both clients hold, whose frame the proxy breaks on each client's
-        watch (issue 26.1): without its name, cut inside its name, or in a chunk whose framing
+        watch: without its name, cut inside its name, or in a chunk whose framing
         breaks (that connection then held open and silent). A frame without a name decodes in Go,
         so client-go is expected to keep the ghost `NamelessGhost` describes."""
         pod = self.writer.held_pod()

@@ -65,7 +65,7 @@ class FaultKind(enum.StrEnum):
 BROKEN_FRAMES = frozenset(
     (FaultKind.FRAME_WITHOUT_NAME, FaultKind.FRAME_CUT, FaultKind.FRAME_CHUNK_CORRUPT)
 )
-"""Faults that break the frame of one write on each client's watch (issue 26.1), timed from it."""
+"""Faults that break the frame of one write on each client's watch, timed from it."""
 
 Step = OpKind | FaultKind
 _PAIRS = ((OpKind.LEAVE, OpKind.REENTER), (OpKind.ORPHAN, OpKind.ADOPT))
