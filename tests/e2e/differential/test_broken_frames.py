@@ -1,4 +1,4 @@
-"""Issue 26.1 against client-go: the frame of one write broken on its way to both clients.
+"""Malformed frames against client-go: the frame of one write broken on its way to both clients.
 
 Layer: k8s_apiserver (differential), on the module's own control plane (etcd, a cached and a
 cache-less kube-apiserver, KWOK; the real node only if it runs here, and it plays no part). Both
@@ -36,7 +36,7 @@ OUR_RELISTS = {
     FaultKind.FRAME_CHUNK_CORRUPT: 0,
 }
 """An unreadable frame ends our watch and relists; a broken chunk fails the read and ours
-re-watches from its cursor, since every frame before the break was whole (issue 26.2)."""
+re-watches from its cursor, since every frame before the break was whole."""
 
 
 def _to_terminal(line: str) -> None:

@@ -1,4 +1,4 @@
-"""Our reflector and store against client-go's, over a real control plane (issue 6).
+"""Our reflector and store against client-go's, over a real control plane.
 
 Layer: k8s_apiserver (differential). Every test owns a fresh namespace on the module's own control
 plane (etcd, a cached and a cache-less kube-apiserver, KWOK, and the real node where it can run:

@@ -1,5 +1,5 @@
 """Layer: real apiserver (the cached kube-apiserver), no kubelet; the loop's clients go through an
-`HttpFaultProxy`. The faults of issue 16 that need real HTTP, each held to its promise: the store
+`HttpFaultProxy`. The faults that need real HTTP, each held to its promise: the store
 equals a fresh LIST within a stated bound, no pod is lost, the failure is named in a log line, and
 no fault drives more than one LIST per backoff step.
 
@@ -50,7 +50,7 @@ _RUNTIME = "miles.utils.workers.reconcile"
 async def test_a_watch_that_keeps_failing_relists_while_list_works(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 16: every WATCH answered 500 for 20 s while LIST works; pods deleted and created just
+    """Every WATCH answered 500 for 20 s while LIST works; pods deleted and created just
     after the fault begins. Bound: the store equals a fresh LIST within 8 s, inside the fault:
     three failed watches and their backoff steps (0.2 + 0.4 + 0.8 s, each up to doubled by
     jitter, 2.8 s) plus the relist, with room for a LIST on two busy cores. Today's code re-watches
@@ -81,7 +81,7 @@ async def test_a_server_that_rejects_every_cursor_gets_one_list_per_backoff_step
     rejection: Respond,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 16: every WATCH rejects its cursor for 12 s. Each rejection costs a relist, but
+    """Every WATCH rejects its cursor for 12 s. Each rejection costs a relist, but
     after a backoff step: the steps are at least 0.2, 0.4, 0.8, 1.6, 3.2, 6.4 s, whose sums pass
     12 s after the sixth, so at most 6 LISTs in the window (today's flat 0.2 s: about 60). The
     relists themselves work, so the store keeps up: a pod created during the fault is served
@@ -107,7 +107,7 @@ async def test_a_server_that_rejects_every_cursor_gets_one_list_per_backoff_step
 async def test_a_429_with_retry_after_is_honoured_and_keeps_the_cursor(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 16: every WATCH answered 429 with `Retry-After: 5` for 12 s. Each retry waits at
+    """Every WATCH answered 429 with `Retry-After: 5` for 12 s. Each retry waits at
     least the 5 s the server asked for (today: every `retry_delay`, 0.2 s), and a 429 keeps the
     cursor (client-go's `isWatchErrorRetriable`): no relist during the fault. Afterwards a pod
     created during the fault is served within 5 s + one step."""
@@ -133,7 +133,7 @@ async def test_a_429_with_retry_after_is_honoured_and_keeps_the_cursor(
 async def test_a_continue_token_that_keeps_expiring_falls_back_to_one_full_list(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 16: 501 pods, so the LIST takes two pages of 500, and every continuation is
+    """501 pods, so the LIST takes two pages of 500, and every continuation is
     answered 410 Expired. client-go's pager falls back to one full LIST (`FullListIfExpired`);
     the promise here: after two expired tokens in a row, one LIST without a limit. Bound: the loop
     syncs within 30 s with at most 3 first pages sent (today: the paged LIST restarts at once,
@@ -179,7 +179,7 @@ async def test_a_stalled_watch_ends_within_the_read_idle_bound(
     breakage: CorruptChunk | BlackHole,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 16: the chunk carrying a DELETED is cut mid-frame by a chunk-size line that is not
+    """The chunk carrying a DELETED is cut mid-frame by a chunk-size line that is not
     hex, or the connection dies there without a FIN; either way the TCP connection stays open
     and nothing more arrives. The watch must end within the read-idle deadline (3 s here) and
     re-watch from its cursor, so the store stops serving the deleted pod within 3 s + one backoff
@@ -203,7 +203,7 @@ async def test_a_stalled_watch_ends_within_the_read_idle_bound(
 async def test_one_pod_whose_key_map_returns_an_unhashable_key_stalls_nothing(
     cached_kubeconfig: Path, k8s_namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 16: `key_map` returns a list for one pod. That pod alone is left out, with one
+    """`key_map` returns a list for one pod. That pod alone is left out, with one
     error line naming it; the others are stored and `start()` returns (today the store rejects
     the whole listing and `start()` never does). Bound: 10 s."""
     caplog.set_level(logging.WARNING, logger=_RUNTIME)

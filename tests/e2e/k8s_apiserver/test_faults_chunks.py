@@ -1,5 +1,5 @@
 """Layer: real apiserver (the cached kube-apiserver), no kubelet; the loop's clients go through an
-`HttpFaultProxy`. A response whose chunked transfer encoding breaks mid-body (issue 26.2): a
+`HttpFaultProxy`. A response whose chunked transfer encoding breaks mid-body: a
 chunk-size line that is not hex, or a chunk whose data runs past its size, after half a frame, on
 a connection the proxy then keeps open and silent.
 

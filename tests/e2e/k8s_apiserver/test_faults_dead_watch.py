@@ -1,6 +1,6 @@
 """Layer: real apiserver, both kube-apiservers (watch cache on and off), no kubelet; the loop's
 clients go through an `HttpFaultProxy`. A watch whose connection goes silent while it stays open
-(issue 27.6: a NAT or conntrack entry expired under it), played by the proxy's `freeze`: the open
+(a NAT or conntrack entry expired under it), played by the proxy's `freeze`: the open
 watch gets nothing more, new connections are served.
 
 client-go's HTTP/2 health check ends such a connection 45 s after its last byte (30 s read-idle,

@@ -1,5 +1,5 @@
 """Layer: real apiserver (the cached kube-apiserver), no kubelet; the loop's clients go through an
-`HttpFaultProxy` that rewrites one watch frame on its way (issue 26.1). The pod is written for real
+`HttpFaultProxy` that rewrites one watch frame on its way. The pod is written for real
 and moves from cell a to cell b; the proxy rewrites the MODIFIED frame that says so. A frame that
 cannot be read or keyed (no name, a label that is not a string, cut JSON, bytes that are not a
 frame) ends the watch, and the relist one backoff step later brings the pod correct; a frame whose
@@ -91,7 +91,7 @@ async def test_an_unreadable_frame_relists_and_the_pod_is_correct_within_one_bac
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 26.1: it used to be skipped (or, cut or not a frame, relisted) with the store keeping
+    """It used to be skipped (or, cut or not a frame, relisted) with the store keeping
     a-0 under a until something else relisted. One ERROR line names the frame; one relist."""
     with caplog.at_level(logging.ERROR, logger="miles.utils.workers.reconcile.k8s_reflector"):
         took, relists = await _move_under_a_rewrite(
@@ -114,7 +114,7 @@ async def test_an_unreadable_frame_relists_and_the_pod_is_correct_within_one_bac
 async def test_a_frame_with_odd_field_values_moves_the_pod_at_once(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 26.1, the lenient side: a year-0 creationTimestamp and an unknown phase read as
+    """The lenient side: a year-0 creationTimestamp and an unknown phase read as
     absent or as they are; the frame moves the pod, no relist, no error line."""
     with caplog.at_level(logging.ERROR):
         took, relists = await _move_under_a_rewrite(

@@ -1,6 +1,6 @@
 """Layer: real apiserver (the cache-less kube-apiserver of a control plane of this module's own),
 no kubelet; the loop's clients go through an `HttpFaultProxy`. etcd restored from an older
-snapshot under a restarted apiserver, then written to (issues 16 #9 and 26.3), in each ordering of
+snapshot under a restarted apiserver, then written to, in each ordering of
 the writes and the loop's reconnection, at watch timeouts of 10 s, 60 s and the default (300 s).
 
 The plane is this module's own because a rollback leaves the watch cache of the session's cached

@@ -1,5 +1,5 @@
 """Layer: real apiserver (the cached kube-apiserver), no kubelet; the loop's clients go through an
-`HttpFaultProxy`. A timestamp the apiserver accepts and the old model rejected (issue 16): the pod
+`HttpFaultProxy`. A timestamp the apiserver accepts and the old model rejected: the pod
 is written for real, not forged by the proxy, since the apiserver accepts it.
 """
 
@@ -22,7 +22,7 @@ OUT_OF_RANGE_TIME = "0000-01-01T00:00:00Z"
 async def test_a_timestamp_the_apiserver_accepts_keeps_the_pod_under_its_parent_across_a_relist(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
 ) -> None:
-    """Issue 16: a condition's `lastTransitionTime` of year 0, which the apiserver accepts (Go's
+    """A condition's `lastTransitionTime` of year 0, which the apiserver accepts (Go's
     `time.Time` holds it) and Python's `datetime` cannot. The pod then moves to cell b: the
     MODIFIED frame must move it (today it is skipped and the pod stays under a), and a relist
     must keep it (today the LIST leaves it out: the pod is lost). The unreadable time becomes

@@ -1,5 +1,5 @@
 """Layer: real apiserver (the cached kube-apiserver), no kubelet and no controllers. The models
-consumers read besides `Pod` (issue 24.1): an `Event` and a `Job` are written for real, the Job's
+consumers read besides `Pod`: an `Event` and a `Job` are written for real, the Job's
 status through its `status` subresource (there is no job controller to write it), and what the
 apiserver answers is read as bytes, as the client's models and as their snake_case dicts.
 """

@@ -196,7 +196,7 @@ def last_record_per_parent(stdout: bytes | bytearray) -> dict[str, dict[str, str
 async def test_watch_jsonl_records_end_equal_to_a_fresh_list(
     cached_kubeconfig: Path, k8s_namespace: str
 ) -> None:
-    """Issue item 3: the ``jsonl`` output parsed and checked against the cluster, after a restart,
+    """The ``jsonl`` output parsed and checked against the cluster, after a restart,
     a deletion and a new member."""
     async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
         for name, cell, ip in (("a-0", "a", "10.9.0.1"), ("a-1", "a", "10.9.0.2")):
@@ -278,7 +278,7 @@ class Screen:
 async def test_watch_in_a_pseudo_terminal_redraws_the_pool_and_marks_the_change(
     cached_kubeconfig: Path, k8s_namespace: str
 ) -> None:
-    """Issue item 3: ``watch`` in a real pty shows the pool, redraws in place and marks a change;
+    """``watch`` in a real pty shows the pool, redraws in place and marks a change;
     Ctrl-C stops it with exit 130, shows the cursor again, and no traceback."""
     async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
         await pool.create("a-0", "a", "10.9.1.1")
@@ -319,7 +319,7 @@ def with_token(kubeconfig: Path, token: str, path: Path) -> Path:
 async def test_watch_forbidden_by_rbac_is_one_line_and_exit_2(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
 ) -> None:
-    """Issue item 4: a service account with no role gets one readable line, not a traceback."""
+    """A service account with no role gets one readable line, not a traceback."""
     async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
         await pool.core.create_namespaced_service_account(
             k8s_namespace, {"metadata": {"name": "nobody"}}
@@ -345,7 +345,7 @@ async def test_watch_forbidden_by_rbac_is_one_line_and_exit_2(
 async def test_watch_with_a_selector_matching_nothing_says_so_and_keeps_watching(
     cached_kubeconfig: Path, k8s_namespace: str
 ) -> None:
-    """Issue item 4: an empty selection is reported once, and a pod created later still shows."""
+    """An empty selection is reported once, and a pod created later still shows."""
     async with running_cli(
         watch_args(cached_kubeconfig, k8s_namespace, "--output", "jsonl")
     ) as cli:
@@ -364,7 +364,7 @@ async def test_watch_with_a_selector_matching_nothing_says_so_and_keeps_watching
 async def test_demo_short_ends_with_a_matching_verdict(
     k8s_binaries: BinaryPaths, k8s_settings: EnvSettings
 ) -> None:
-    """Issue item 3: ``demo --short`` end to end on its own control plane and KWOK; its verdict
+    """``demo --short`` end to end on its own control plane and KWOK; its verdict
     (the loop's view against a fresh LIST) must be a match and the exit code 0."""
     if k8s_settings.kubeconfig is not None:
         pytest.skip("demo starts and restarts its own apiserver; MILES_K8S_KUBECONFIG reuses one")

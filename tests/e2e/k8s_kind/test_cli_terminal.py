@@ -134,7 +134,7 @@ async def wait_exit(process: subprocess.Popen[bytes]) -> tuple[int, float]:
 async def test_a_signal_while_the_first_list_hangs_stops_at_once(
     signum: int, code: int, tmp_path: Path
 ) -> None:
-    """Issue 13 item 6: Ctrl-C (or SIGTERM) while connecting and listing is honoured at once."""
+    """Ctrl-C (or SIGTERM) while connecting and listing is honoured at once."""
     with silent_server() as server:
         kubeconfig = silent_kubeconfig(tmp_path / "silent.kubeconfig", server.getsockname()[1])
         with pty_cli(watch_args(kubeconfig, "default")) as (process, _master):
@@ -328,7 +328,7 @@ def tmux_session(command: str, *, width: int, height: int, settings: EnvSettings
 async def test_watch_in_tmux_fits_80x24_then_40_columns_and_ctrl_c_exits_130(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path, k8s_settings: EnvSettings
 ) -> None:
-    """Issue 13 items 4 and 6 in a real terminal: at 80x24 a pool taller than the screen keeps its
+    """In a real terminal: at 80x24 a pool taller than the screen keeps its
     header and says how many parents are hidden; resized to 40 columns (SIGWINCH) no line wraps;
     Ctrl-C typed into the terminal exits 130 and leaves a shell-usable terminal."""
     async with pool_in(cached_kubeconfig, k8s_namespace) as pool:
@@ -372,7 +372,7 @@ async def test_watch_in_tmux_fits_80x24_then_40_columns_and_ctrl_c_exits_130(
 async def test_the_status_line_follows_the_connection_and_warnings_clear(
     cached_kubeconfig: Path, k8s_namespace: str, tmp_path: Path
 ) -> None:
-    """Issue 13 item 4 and 15 item 4: through the HTTP fault proxy, the status line reads
+    """Through the HTTP fault proxy, the status line reads
     ``connected``; the open watch is black-holed (a pod change puts bytes on it) and reset, and
     while every LIST and WATCH is answered 503 it reads ``reconnecting since HH:MM:SS local``; then
     ``connected`` again, and the log lines shown meanwhile are gone."""

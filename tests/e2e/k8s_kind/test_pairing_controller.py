@@ -1,5 +1,5 @@
-"""k8s_kind layer: the pairing controller of the kind miles's training system runs, on our runtime
-(issue 11): the shipped `examples/colocate_pairing` reconciler and its `ReconcileLoop` over
+"""k8s_kind layer: the pairing controller of the kind miles's training system runs, on our runtime:
+the shipped `examples/colocate_pairing` reconciler and its `ReconcileLoop` over
 `KubernetesReflector` over `KubernetesAsyncioPodApi`, in the test's process.
 
 Inference pods are created gated (`spec.schedulingGates`) and without a node, and name their

@@ -386,7 +386,7 @@ async def _watch_until(
 
 
 async def test_watch_says_once_when_the_selector_matches_nothing_and_keeps_watching() -> None:
-    """Issue item 4: an empty selection is reported on stderr, and the loop keeps running."""
+    """An empty selection is reported on stderr, and the loop keeps running."""
     empty = PodListPage(pods=(), resource_version="5")
     api = FakePodApi(lists=[empty, empty])
     options = PoolOptions(namespace="ns", selector="app=none", parent_label=PARENT_LABEL)

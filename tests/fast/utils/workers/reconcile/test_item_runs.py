@@ -1,7 +1,7 @@
 """Fast layer: a long list document validated a run of items at a time (``item_runs``) reads as
 the same object as the document validated whole, for any document, and is cut where the
 apiserver's and kubectl's prints separate their items (row "A long list document validated in
-runs" in docs/reconcile-loop.md, issue 24.1)."""
+runs" in docs/reconcile-loop.md)."""
 
 from __future__ import annotations
 

@@ -788,7 +788,7 @@ def response_parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 async def test_a_malformed_chunk_ends_the_watch_at_once(
     breakage: bytes, response_parser: str
 ) -> None:
-    """Issue 26.2: llhttp drops a body whose chunked framing breaks without telling its reader,
+    """llhttp drops a body whose chunked framing breaks without telling its reader,
     which used to wait out the read-idle deadline (here 60 s). The watch now ends as aiohttp
     closes the connection, with a ``KubernetesConnectionError`` naming the broken chunk (not
     ``idle``), after the frames that arrived whole; the pure-Python parser's own error (which it
@@ -952,7 +952,7 @@ class WatchPodApi:
 
 
 async def test_a_pod_api_over_kubernetes_asyncio_watch_relists_on_a_410() -> None:
-    """Issue 11.3: the reflector over ``WatchPodApi`` follows a watch, meets the ERROR 410 that
+    """The reflector over ``WatchPodApi`` follows a watch, meets the ERROR 410 that
     ``Watch`` raises as ``ApiException(status=410)``, relists, and watches from the new cursor."""
     server = Apiserver(
         lists=[

@@ -310,7 +310,7 @@ async def test_probe_never_answered_relists_after_a_backoff_step(
     failure: Exception, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A server gone long enough to leave the probe unanswered restarts: its etcd may have been
-    restored and written past the cursor (issue 16.9), so the cursor is not trusted again. Through
+    restored and written past the cursor, so the cursor is not trusted again. Through
     a proxy or a load balancer a stopped apiserver looks like a reset, not a refusal."""
     clock = FakeClock()
     api = FakePodApi(
@@ -389,7 +389,7 @@ async def test_http_failure_rejecting_cursor_relists(failure: Exception) -> None
     ids=["ERROR 410", "ERROR 504", "HTTP 500", "HTTP 403", "ERROR 500"],
 )
 async def test_a_failing_watch_relists_after_a_backoff_step(failure: Any) -> None:
-    """Issue 16.2 (Go ``ListAndWatch``): a watch that fails for a reason that does not keep the
+    """As Go's ``ListAndWatch``: a watch that fails for a reason that does not keep the
     cursor (an ERROR frame rejecting it among them) relists one backoff step later, so while
     LIST works the store is never staler than one step; here a pod deleted during the failure is
     gone from the relist."""
@@ -417,7 +417,7 @@ async def _every_watch_failing(failure: Exception, ticks: int, *, tick: float) -
 
 
 async def test_a_watch_answered_500_for_a_minute_relists_once_per_backoff_step() -> None:
-    """The 25 s fault of issue 16, stretched: every WATCH answered 500 while LIST works. Each
+    """The ``test_faults.py`` fault, stretched: every WATCH answered 500 while LIST works. Each
     failure costs one LIST one backoff step later, the steps double (jitter aside) up to the cap,
     and no LIST comes without its step."""
     api = await _every_watch_failing(KubernetesApiError(500, "InternalError"), 600, tick=0.1)
@@ -439,7 +439,7 @@ async def _steps_taken_within(seconds: float, rand: float) -> int:
 
 
 async def test_a_server_rejecting_every_cursor_is_listed_once_per_backoff_step() -> None:
-    """Issue 16.3: every WATCH answered 410. Over 10 minutes of fake time the LIST count is that
+    """Every WATCH answered 410. Over 10 minutes of fake time the LIST count is that
     of Go's backoff (steps doubling to 30 s, starting over every 2 minutes): between the steps
     at their longest (jitter 1.0 doubles each) and at their shortest, not one per
     ``retry_delay``."""
@@ -554,7 +554,7 @@ async def test_failed_list_is_retried_with_a_growing_backoff() -> None:
 async def test_a_pod_frame_that_does_not_validate_ends_the_watch_and_relists_after_one_step(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 26.1: a readable pod frame whose pod cannot be keyed used to be skipped, the store
+    """A readable pod frame whose pod cannot be keyed used to be skipped, the store
     keeping a stale copy until something else relisted. Now it ends the watch and relists one
     backoff step later, with one line naming the frame's type, resourceVersion and the reason."""
     bad = FrameDecodeError(
@@ -588,7 +588,7 @@ async def test_a_pod_frame_that_does_not_validate_ends_the_watch_and_relists_aft
 async def test_a_frame_without_a_pod_from_any_api_ends_the_watch_and_relists(
     event_type: str, api_class: type[ContractPodApi], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 24.3: a ``PodWatchEvent`` of a pod type whose ``pod`` is ``None``, as a user's
+    """A ``PodWatchEvent`` of a pod type whose ``pod`` is ``None``, as a user's
     ``KubernetesPodApi`` may yield it, used to read as a bookmark: the cursor moved to it and the
     pod stayed missing until the next relist. Go's decoder makes it a ``watch.Error``."""
     clock = FakeClock()
@@ -624,7 +624,7 @@ def _unkeyable(edit: str) -> bytes:
 async def test_a_frame_with_odd_field_values_is_still_a_pod_and_moves_it_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 26.1, the lenient side of the line: a year-0 time, an unknown phase and a count that
+    """The lenient side of the line: a year-0 time, an unknown phase and a count that
     is not a number read as absent (or as they are) and the frame is applied; no relist."""
     clock = FakeClock()
     event = decode_watch_line(frame("MODIFIED", _odd_field_values()))
@@ -655,7 +655,7 @@ async def test_a_frame_with_odd_field_values_is_still_a_pod_and_moves_it_at_once
 async def test_a_frame_that_cannot_be_read_or_keyed_relists_within_one_backoff_step(
     line: bytes, named: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 26.1, the other side of the line: the decoder's ``FrameDecodeError`` ends the watch
+    """The other side of the line: the decoder's ``FrameDecodeError`` ends the watch
     (as the API's stream raises it), and the relist one backoff step later brings the pod's
     current state: ``a`` under ``cell-1``."""
     with pytest.raises(FrameDecodeError) as decoded:
@@ -675,8 +675,8 @@ async def test_a_frame_that_cannot_be_read_or_keyed_relists_within_one_backoff_s
 
 
 async def test_a_streaming_list_frame_without_a_pod_falls_back_to_a_list() -> None:
-    """Issue 24.3 in a streaming list: the frame fails it, and it falls back to its LIST at once,
-    as any failed streaming list does."""
+    """A frame without a pod in a streaming list: the frame fails it, and it falls back to its
+    LIST at once, as any failed streaming list does."""
     clock = FakeClock()
     api = StreamingFakePodApi(
         lists=[page("20", "a")],
@@ -849,7 +849,7 @@ async def test_other_failure_on_a_continuation_retries_the_whole_list_after_a_st
 
 
 async def test_a_contract_minimal_api_gets_a_complete_reflector() -> None:
-    """Issue 11.2: an API with only ``list_pods(*, namespace, label_selector)`` and
+    """An API with only ``list_pods(*, namespace, label_selector)`` and
     ``stream_pods`` (a call with any other argument would raise ``TypeError``) is listed unpaged,
     watched from the cursor, re-watched after a clean close (no probe: it cannot), relisted on a
     410, and the relist's ``ReplaceEvent`` lacks the pod deleted meanwhile (deletion synthesis is
@@ -895,7 +895,7 @@ def test_watch_timeout_seconds_must_be_a_whole_positive_number(value: Any) -> No
 
 
 async def test_streaming_list_buffers_until_the_end_bookmark_and_goes_on_watching() -> None:
-    """Issue 14.5: the initial ADDED events (one deleted again before the end) become one
+    """The initial ADDED events (one deleted again before the end) become one
     ``ReplaceEvent`` at the ``k8s.io/initial-events-end`` bookmark; the same stream goes on as
     the watch, from the bookmark's cursor, with no LIST and no second request."""
     api = StreamingFakePodApi(
@@ -994,7 +994,7 @@ async def test_streaming_list_asked_of_an_api_that_cannot_lists_instead(
 
 
 async def test_source_status_follows_the_phases_and_counts() -> None:
-    """Issue 15.1: phase, cursor, times, counters, relists by reason, last error."""
+    """Phase, cursor, times, counters, relists by reason, last error."""
     clock = FakeClock(start=100.0)
     api = FakePodApi(
         lists=[page("10", "a"), page("40", "a")],
@@ -1067,7 +1067,7 @@ async def test_restarts_are_counted_for_rewatches_from_the_cursor() -> None:
 async def test_log_lines_name_the_reflector_and_each_failure_is_logged_once_per_step(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 15.3: every line carries the reflector's name (default ``namespace/selector``);
+    """Every line carries the reflector's name (default ``namespace/selector``);
     transitions are DEBUG; a watch failing for a minute gives one warning per failure, and each
     failure is one backoff step."""
     clock = FakeClock()

@@ -266,7 +266,7 @@ def test_only_the_name_and_the_labels_can_reject_a_pod(field: str, pod: dict[str
 def test_a_timestamp_the_apiserver_accepts_and_python_cannot_hold_reads_as_absent(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Row "Lenient where Go is lenient", issue 16's case: year 0 is a valid RFC 3339 time that
+    """Row "Lenient where Go is lenient": year 0 is a valid RFC 3339 time that
     Go's ``metav1.Time`` reads and Python's ``datetime`` cannot hold. The pod decodes, from bytes,
     a dict and a MODIFIED frame, with that one field absent and one DEBUG line naming it."""
     wire = realistic_pod("engine-0", "cell-3", resource_version="8")

@@ -1,6 +1,6 @@
 """Fast layer: the list, event and job models read what ``kubectl get … -o json`` prints, the
-``kubernetes_asyncio`` models and their snake_case dicts (row ``k8s_types.py`` "kubectl documents",
-issue 24.1). The prints in ``wire/kubectl_*.json`` are written by hand in kubectl's shape (``kind:
+``kubernetes_asyncio`` models and their snake_case dicts (row ``k8s_types.py`` "kubectl documents").
+The prints in ``wire/kubectl_*.json`` are written by hand in kubectl's shape (``kind:
 List``, each item with its ``kind``, keys sorted, four-space indent); the e2e test
 ``tests/e2e/k8s_apiserver/test_k8s_documents.py`` reads the same models from a real apiserver.
 """
@@ -202,7 +202,7 @@ SKIPPED = (
 def test_a_bad_document_decodes_what_it_can_and_names_what_it_skipped(
     shape: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 24 "Bad input": an unknown document kind, a null item, an item of another kind, one
+    """Bad input: an unknown document kind, a null item, an item of another kind, one
     without a name, one that is not an object and a malformed timestamp. Every readable pod is
     kept (the odd timestamp reads as absent), the rest are named, with one WARNING line."""
     doc = _bad_document()

@@ -1,5 +1,5 @@
 """Fast layer, properties: no field but the name and the labels can make a pod unreadable
-(row ``k8s_types.py`` "Lenient where Go is lenient", issue 16).
+(row ``k8s_types.py`` "Lenient where Go is lenient").
 
 Every path of real pods (the two recorded from a 1.36 apiserver in ``wire/list.json``, plus the
 fakes' pods that carry every field the model reads) is fed an out-of-range or wrong-typed value, or
@@ -235,8 +235,8 @@ async def _settle(clock: FakeClock) -> None:
         await clock.advance(0)
 
 
-async def test_issue_16s_pod_moved_by_a_frame_with_a_year_zero_time_is_not_lost() -> None:
-    """Issue 16's case through the reflector and the loop: the MODIFIED frame that moves a pod to
+async def test_a_pod_moved_by_a_frame_with_a_year_zero_time_is_not_lost() -> None:
+    """The year-0 case through the reflector and the loop: the MODIFIED frame that moves a pod to
     another parent carries a condition's ``lastTransitionTime: "0000-01-01T00:00:00Z"``. It used to
     be skipped (the pod stayed under its old parent) and the relist after it left the pod out. Now
     the frame moves the pod, and the relist keeps it."""

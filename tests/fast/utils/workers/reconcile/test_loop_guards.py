@@ -61,7 +61,7 @@ async def test_resync_period_must_be_a_number_or_none(value: Any) -> None:
 
 
 async def test_resync_period_none_disables_resync() -> None:
-    """Issue 11.4: ``None`` used to raise ``TypeError`` at ``start()``."""
+    """``None`` used to raise ``TypeError`` at ``start()``."""
     source, clock, recorder = FakeSource(), FakeClock(), Recorder()
     source.push(replace(Pod("a", "cell-0")))
     async with _loop(source, recorder, clock, resync_period=None):
@@ -87,7 +87,7 @@ async def test_the_parts_check_their_own_delays() -> None:
 
 
 async def test_a_failing_source_never_reopens_without_waiting() -> None:
-    """Issue 11.4: however small ``source_retry_delay``, reopens back off (doubling, to 30 s,
+    """However small ``source_retry_delay``, reopens back off (doubling, to 30 s,
     starting over every 2 minutes as Go's backoff does)."""
     source, clock = FakeSource(failing_opens=1_000_000), FakeClock()
     loop = _loop(source, Recorder(), clock, source_retry_delay=1e-9)
@@ -103,7 +103,7 @@ async def test_a_failing_source_never_reopens_without_waiting() -> None:
 
 
 def test_a_loop_used_from_another_event_loop_says_so_at_start() -> None:
-    """Issue 16.8: it used to start, never retry a failed parent, and fail at ``stop()``."""
+    """It used to start, never retry a failed parent, and fail at ``stop()``."""
     source, clock = FakeSource(), FakeClock()
 
     async def construct() -> ReconcileLoop:
@@ -190,7 +190,7 @@ def test_keyboard_interrupt_and_system_exit_stop_the_program_logged_first(
 async def test_a_dead_task_raises_into_the_async_with_body_and_out_of_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 16.7: a task of the loop that dies cancels the body of ``async with`` (as a failing
+    """A task of the loop that dies cancels the body of ``async with`` (as a failing
     task cancels an ``asyncio.TaskGroup``'s), which then raises ``ReconcileLoopError``."""
     source, clock = FakeSource(), FakeClock()
     loop = _loop(source, Recorder(), clock, resync_period=10.0)
@@ -291,7 +291,7 @@ async def test_a_slow_reconcile_is_logged_once_with_its_parent(
 async def test_reconcile_timeout_cancels_and_retries_with_backoff(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 16.7, CR's ``ReconciliationTimeout``: a hung reconcile is cancelled at the timeout,
+    """CR's ``ReconciliationTimeout``: a hung reconcile is cancelled at the timeout,
     counted as a failure and retried with backoff, and the other parents are served."""
     source, clock = FakeSource(), FakeClock()
     calls: list[tuple[ParentKey, float]] = []
@@ -346,7 +346,7 @@ async def test_a_reconcile_that_swallows_the_timeout_still_lets_stop_work() -> N
 
 
 async def test_one_events_parents_are_reconciled_in_a_fixed_order() -> None:
-    """Issue 11.5: a move's old parent before its new one; a replace's parents that lost an
+    """A move's old parent before its new one; a replace's parents that lost an
     object first (to deletion in store order, then to a move in listing order), then every
     parent with a member, in listing order."""
     source, clock, recorder = FakeSource(), FakeClock(), Recorder()
@@ -373,7 +373,7 @@ async def test_one_events_parents_are_reconciled_in_a_fixed_order() -> None:
 
 
 async def test_a_maximum_failure_delay_below_the_base_is_rejected_naming_both() -> None:
-    """Issue 24.3: chosen as the original did; every delay silently became the maximum."""
+    """Chosen as the original did; every delay silently became the maximum."""
     before = asyncio.all_tasks()
     with pytest.raises(
         ValueError, match=r"failure_max_delay \(1.0\) .* failure_base_delay \(2.0\)"
@@ -385,7 +385,7 @@ async def test_a_maximum_failure_delay_below_the_base_is_rejected_naming_both() 
 async def test_a_stopped_loop_reports_no_retry_and_a_failure_while_stopping_records_none(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 24.3: a parent that failed before ``stop()`` is not reported as waiting for a retry
+    """A parent that failed before ``stop()`` is not reported as waiting for a retry
     that will never fire, and a reconcile that fails while the loop stops (it swallowed the
     cancellation) records no retry and says so."""
     source, clock = FakeSource(), FakeClock()

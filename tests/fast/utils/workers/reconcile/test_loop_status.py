@@ -82,7 +82,7 @@ async def test_snapshot_is_frozen_and_reports_sync() -> None:
 async def test_name_defaults_to_the_sources_name_else_reconcile_and_prefixes_every_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 15.3: every log line of the loop carries its name."""
+    """Every log line of the loop carries its name."""
     clock = FakeClock()
     assert _loop(FakeSource(), Recorder(), clock).name == "reconcile"
     reflector = _Reflector(FakeSource())

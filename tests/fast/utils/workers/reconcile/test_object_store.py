@@ -256,7 +256,7 @@ class _Label(str):
 def test_one_object_with_a_bad_parent_key_is_evicted_alone_from_a_replace(
     bad_parent: object, named: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 16.6: one unhashable or non-str key used to make the store reject the whole replace,
+    """One unhashable or non-str key used to make the store reject the whole replace,
     so ``start()`` never returned. Now that object alone is left out with one line naming it."""
 
     def key_map(pod: Pod) -> Any:

@@ -322,7 +322,7 @@ def _client_imports(path: Path) -> list[tuple[int, bool]]:
 
 
 def test_only_the_transport_imports_the_kubernetes_client_and_only_inside_functions() -> None:
-    """Row ``k8s_api.py`` (issue 24.2): in every module of the runtime, its command line and its
+    """Row ``k8s_api.py``: in every module of the runtime, its command line and its
     examples, ``kubernetes_asyncio`` and aiohttp are imported by ``k8s_api.py`` alone, lazily."""
     transport = Path(k8s_api.__file__).resolve()
     imports = {path: _client_imports(path) for path in sorted(_RUNTIME.rglob("*.py"))}

@@ -1,4 +1,4 @@
-"""Fast layer: no configuration spins (issue 24.4). For every period and delay of ``ReconcileLoop``
+"""Fast layer: no configuration spins. For every period and delay of ``ReconcileLoop``
 and ``KubernetesReflector``, the smallest positive values included, a minute of fake time holds a
 bounded number of reconciles, requests, reopens and timer wakeups; a clock that counts its sleeps
 fails the loop instead of letting a spin hang the test."""
@@ -98,7 +98,7 @@ async def test_no_positive_loop_period_or_delay_spins(argument: str, value: floa
 async def test_a_resync_period_below_a_second_is_raised_to_one_second_with_one_warning(
     value: float, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """client-go's ``minimumResyncPeriod``: issue 24 saw 86,000 reconciles in 1.5 s at 1e-9."""
+    """client-go's ``minimumResyncPeriod``: 1e-9 once made 86,000 reconciles in 1.5 s."""
     clock, source, recorder = FakeClock(), FakeSource(), Recorder()
     source.push(replace(Pod("p", "cell-0")))
     with caplog.at_level(logging.WARNING):

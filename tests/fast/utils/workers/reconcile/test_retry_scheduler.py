@@ -168,7 +168,7 @@ async def test_huge_failure_counts_stay_capped_without_overflow(
 
 @pytest.mark.parametrize("stop", ["shutdown", "cancel"])
 async def test_after_shutdown_nothing_is_pending_and_a_failure_records_nothing(stop: str) -> None:
-    """Issue 24.3: a retry that can never fire is not pending. What waited is dropped at
+    """A retry that can never fire is not pending. What waited is dropped at
     shutdown, and a failure noted later returns an infinite delay and records nothing."""
     clock = FakeClock()
     fired = _Fired(clock)
@@ -192,7 +192,7 @@ async def test_after_shutdown_nothing_is_pending_and_a_failure_records_nothing(s
 async def test_a_maximum_delay_below_the_base_is_rejected_naming_both(
     base: float, cap: float
 ) -> None:
-    """Issue 24.3: it used to make every delay the maximum, silently (client-go's
+    """It used to make every delay the maximum, silently (client-go's
     ``ItemExponentialFailureRateLimiter`` does the same); the original rejected it."""
     before = asyncio.all_tasks()
     message = rf"failure_max_delay \({cap!r}\) must be at least failure_base_delay \({base!r}\)"
