@@ -27,7 +27,7 @@ import errno
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
 )
 from miles.utils.workers.reconcile.k8s_framing import ByteStream, iter_line_batches
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, UndecodedPodPage
+from miles.utils.workers.reconcile.k8s_transport import RawResponse
 from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_watch_health import WatchHealthCheck
 from miles.utils.workers.reconcile.k8s_wire import (
@@ -61,6 +62,7 @@ __all__ = [
     "WATCH_PROBE_AFTER",
     "KubernetesAsyncioLeaseApi",
     "KubernetesAsyncioPodApi",
+    "KubernetesAsyncioTransport",
     "KubernetesPodApi",
     "PodListPage",
     "PodWatchEvent",
@@ -546,7 +548,8 @@ async def _raise_for_status(resp: Any, api: Any) -> None:
 
 
 def _forget_token(api: Any) -> None:
-    configuration = getattr(getattr(api, "api_client", None), "configuration", None)
+    """``api`` is an ``XxxApi`` or an ``ApiClient``."""
+    configuration = getattr(getattr(api, "api_client", api), "configuration", None)
     hook = getattr(configuration, "refresh_api_key_hook", None)
     if isinstance(hook, ServiceAccountToken):
         hook.forget()
@@ -619,6 +622,74 @@ class KubernetesAsyncioLeaseApi:
         if not isinstance(lease, dict):
             raise KubernetesApiError(resp.status, "undecodable", f"{what}: not a JSON object")
         return lease
+
+
+class KubernetesAsyncioTransport:
+    """The write client's ``Transport`` over a ``kubernetes_asyncio`` ``ApiClient``: its aiohttp
+    session (connection pool, TLS, proxy) and its credentials (``auth_settings``, so a
+    ``ServiceAccountToken`` is read as for every other request), the body sent as the bytes given.
+    Go: the ``http.Client`` a ``rest.Config`` builds.
+
+    A transport failure raises ``KubernetesConnectionError``; every HTTP answer is returned, its
+    body read whole. After a 401, a ``ServiceAccountToken`` reads its file before the next request.
+    """
+
+    def __init__(self, *, api_client: Any, connect_timeout: float = 10.0) -> None:
+        self._api_client = api_client
+        self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
+
+    @classmethod
+    def beside(cls, core_v1_api: Any) -> KubernetesAsyncioTransport:
+        """On the same ``ApiClient`` (connection pool and credentials) as ``core_v1_api``."""
+        return cls(api_client=core_v1_api.api_client)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: bytes | None = None,
+        content_type: str | None = None,
+        deadline: float | None = None,
+    ) -> RawResponse:
+        import aiohttp
+
+        api_client = self._api_client
+        configuration = api_client.configuration
+        headers = {**api_client.default_headers, "Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        queries = list(query)
+        await api_client.update_params_for_auth(headers, queries, ["BearerToken"])
+        rest = api_client.rest_client
+        options: dict[str, Any] = {}
+        if rest.proxy:
+            options.update(proxy=rest.proxy, proxy_headers=rest.proxy_headers)
+        if rest.server_hostname:
+            options.update(server_hostname=rest.server_hostname)
+        timeout = aiohttp.ClientTimeout(
+            total=deadline, connect=self._connect_timeout, sock_connect=self._connect_timeout
+        )
+        with _translated(f"{method} {path}"):
+            async with rest.pool_manager.request(
+                method,
+                configuration.host + path,
+                params=queries,
+                data=body,
+                headers=headers,
+                timeout=timeout,
+                **options,
+            ) as resp:
+                with _failing_when_cut_off(resp):
+                    data = await resp.read()
+        if resp.status == 401:
+            _forget_token(api_client)
+        return RawResponse(
+            status=resp.status,
+            body=data,
+            headers={name.lower(): value for name, value in resp.headers.items()},
+        )
 
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 
 from pydantic import ValidationError
@@ -59,24 +60,133 @@ class FrameDecodeError(ValueError):
         self.event_type = event_type
 
 
-class KubernetesApiError(Exception):
-    """A LIST or WATCH answered with a non-2xx HTTP status (the body's Status when readable).
+@dataclass(frozen=True, slots=True)
+class StatusCause:
+    """One entry of a Status's ``details.causes``: which field (``.spec.x``, ``metadata.name``), the
+    cause's ``type`` (``FieldValueInvalid``, ``FieldManagerConflict``, ...) and its message.
+    Go: ``metav1.StatusCause``."""
 
-    ``retry_after`` is the response's ``Retry-After`` in seconds, when it gave one in that form.
+    field: str = ""
+    type: str = ""
+    message: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class KubernetesApiError(Exception):
+    """A request answered with a non-2xx HTTP status (the body's Status when readable).
+
+    ``retry_after`` is the response's ``Retry-After`` in seconds, when it gave one in that form;
+    ``causes`` the Status's ``details.causes``. A write's answer is raised as the subclass its
+    reason names (``NotFoundError``, ``AlreadyExistsError``, ``ConflictError``, ``InvalidError``,
+    ``ForbiddenError``; ``api_error`` picks it), each still a ``KubernetesApiError``.
     """
 
     def __init__(
-        self, code: int, reason: str, message: str = "", *, retry_after: float | None = None
+        self,
+        code: int,
+        reason: str,
+        message: str = "",
+        *,
+        retry_after: float | None = None,
+        causes: tuple[StatusCause, ...] = (),
     ) -> None:
         super().__init__(f"HTTP {code} {reason}: {message}" if message else f"HTTP {code} {reason}")
         self.code = code
         self.reason = reason
         self.message = message
         self.retry_after = retry_after
+        self.causes = causes
 
     @property
     def rejects_cursor(self) -> bool:
         return status_rejects_cursor(self.code, self.reason)
+
+
+class NotFoundError(KubernetesApiError):
+    """404, reason ``NotFound``. Go: ``apierrors.IsNotFound``."""
+
+
+class AlreadyExistsError(KubernetesApiError):
+    """409, reason ``AlreadyExists``: a create of a name that is taken. Go:
+    ``apierrors.IsAlreadyExists``."""
+
+
+class ConflictError(KubernetesApiError):
+    """409, reason ``Conflict``: a stale resourceVersion, a failed JSON-patch ``test``, or an apply
+    whose fields another manager owns (``causes`` name them). Go: ``apierrors.IsConflict``."""
+
+
+class InvalidError(KubernetesApiError):
+    """422, reason ``Invalid``: the object does not validate (``causes`` name the fields). Go:
+    ``apierrors.IsInvalid``."""
+
+
+class ForbiddenError(KubernetesApiError):
+    """403, reason ``Forbidden``: authorization or an admission webhook refused it. Go:
+    ``apierrors.IsForbidden``."""
+
+
+_BY_REASON: dict[str, type[KubernetesApiError]] = {
+    "NotFound": NotFoundError,
+    "AlreadyExists": AlreadyExistsError,
+    "Conflict": ConflictError,
+    "Invalid": InvalidError,
+    "Forbidden": ForbiddenError,
+}
+# A Status with no recognised reason is read by its code, as apimachinery's reasonAndCodeForError
+# does (IsAlreadyExists keys on the reason alone: a bare 409 is a Conflict).
+_BY_CODE: dict[int, type[KubernetesApiError]] = {
+    404: NotFoundError,
+    409: ConflictError,
+    422: InvalidError,
+    403: ForbiddenError,
+}
+
+
+def api_error(
+    code: int,
+    reason: str,
+    message: str = "",
+    *,
+    retry_after: float | None = None,
+    causes: tuple[StatusCause, ...] = (),
+) -> KubernetesApiError:
+    """The ``KubernetesApiError`` subclass a Status's reason (or, for an unknown reason, its code)
+    names; ``KubernetesApiError`` itself for any other."""
+    cls = _BY_REASON.get(reason) or _BY_CODE.get(code, KubernetesApiError)
+    return cls(code, reason, message, retry_after=retry_after, causes=causes)
+
+
+def is_not_found(exc: BaseException) -> bool:
+    return isinstance(exc, NotFoundError) or _reason_or_code(exc, "NotFound", 404)
+
+
+def is_already_exists(exc: BaseException) -> bool:
+    return isinstance(exc, AlreadyExistsError) or (
+        isinstance(exc, KubernetesApiError) and exc.reason == "AlreadyExists"
+    )
+
+
+def is_conflict(exc: BaseException) -> bool:
+    return isinstance(exc, ConflictError) or _reason_or_code(exc, "Conflict", 409)
+
+
+def is_invalid(exc: BaseException) -> bool:
+    return isinstance(exc, InvalidError) or _reason_or_code(exc, "Invalid", 422)
+
+
+def is_forbidden(exc: BaseException) -> bool:
+    return isinstance(exc, ForbiddenError) or _reason_or_code(exc, "Forbidden", 403)
+
+
+def _reason_or_code(exc: BaseException, reason: str, code: int) -> bool:
+    if not isinstance(exc, KubernetesApiError):
+        return False
+    if exc.reason in _BY_REASON:
+        return exc.reason == reason
+    return exc.code == code
 
 
 class ConnectionFailure(StrEnum):
