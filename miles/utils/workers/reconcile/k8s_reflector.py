@@ -477,6 +477,7 @@ class KubernetesReflector:
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
         state: _State = self._caps.listing()
+        self._log.debug("start -> %s", _next_move(state))
         try:
             while True:
                 self._enter(state)
@@ -492,6 +493,7 @@ class KubernetesReflector:
         finally:
             if isinstance(state, _Watching) and state.stream is not None:
                 await _close(state.stream)
+            self._log.debug("%s -> stopped", _name(state))
             self._set_phase(SourcePhase.STOPPED)
 
     def source_status(self) -> SourceStatus:

@@ -7,6 +7,14 @@ until it acquires it, then renews it every ``retry_period``; a renewal that does
 ``renew_deadline`` of the last one loses leadership, and the campaign ends (``wait_until_lost``).
 Leaving the block stops the campaign and, with ``release_on_cancel``, releases a lease it holds.
 
+A candidate leads for one term at most: it starts at the first successful write, and ends at the
+loss or the release; a new term is a new ``LeaderElector``. Each change of it is logged at the
+moment it takes effect, before anyone can see it: "successfully acquired lease" before
+``is_leader()`` first returns true (so before any work it gates, as Go logs it inside ``acquire``
+before ``OnStartedLeading`` runs), "lost lease" and "stopped leading" before it first returns false.
+A term that runs past its renew deadline ends in the first ``is_leader()`` call that sees it,
+whoever makes it, since by then nothing else may have run.
+
 Time is the elector's own clock, never the record's: a lease held by another is expired once
 ``leaseDurationSeconds`` passed since this candidate last saw the record change (Go's
 ``observedTime``), so clock skew between nodes cannot cut a lease short. ``is_leader()`` is true
@@ -58,6 +66,14 @@ class _Outcome(enum.Enum):
     CONFLICT = enum.auto()
 
 
+class _Term(enum.Enum):
+    """Where this candidate is in its one term."""
+
+    CANDIDATE = enum.auto()
+    LEADING = enum.auto()
+    ENDED = enum.auto()
+
+
 class LeaderElector:
     """One candidate for the lease ``lock`` names, under the identity ``lock.identity``."""
 
@@ -98,6 +114,7 @@ class LeaderElector:
         self._observed_raw: bytes | None = None
         self._observed_at = 0.0
         self._renewed_at: float | None = None
+        self._term = _Term.CANDIDATE
         self._reported_leader: str | None = None
         self._wrote = False
         self._last_error: str | None = None
@@ -111,13 +128,20 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """True while this candidate holds the lease by its own clock: the record last seen names
         it, and ``renew_deadline`` has not passed since the start of its last successful acquire
-        or renew. Stronger than Go's ``IsLeader`` (the record last seen names it)."""
+        or renew. Stronger than Go's ``IsLeader`` (the record last seen names it). The first call
+        that finds the deadline passed ends the term, and logs it, before it returns false."""
         renewed_at = self._renewed_at
-        return (
-            renewed_at is not None
-            and self._holds(self._observed)
-            and self._clock.time() < renewed_at + self._renew_deadline
+        if self._term is not _Term.LEADING or renewed_at is None:
+            return False
+        if self._clock.time() < renewed_at + self._renew_deadline:
+            return True
+        self._end_term(
+            logging.WARNING,
+            "lost lease %s: not renewed within renew_deadline=%ss",
+            self._lock.describe(),
+            self._renew_deadline,
         )
+        return False
 
     @property
     def leader(self) -> str | None:
@@ -171,7 +195,12 @@ class LeaderElector:
     async def __aexit__(self, *exc_info: object) -> None:
         task = self._task
         assert task is not None
-        self._stop_leading()
+        self._end_term(
+            logging.INFO,
+            "stopped leading lease %s: leaving%s",
+            self._lock.describe(),
+            ", releasing it" if self._release_on_cancel else "",
+        )
         task.cancel()
         await asyncio.wait([task])
         if self._release_on_cancel and self._wrote:
@@ -181,40 +210,33 @@ class LeaderElector:
         try:
             self._log.info("attempting to acquire lease %s", self._lock.describe())
             await self._acquire()
-            self._log.info("acquired lease %s as %s", self._lock.describe(), self.identity)
-            reason = await self._renew()
-            self._log.warning("lost lease %s: %s", self._lock.describe(), reason)
-            self._stop_leading()
+            await self._renew()
             if self._release_on_cancel:
                 await self._release()
         except asyncio.CancelledError:
             raise
         except BaseException as error:
             self._failure = error
-            self._stop_leading()
             self._log.error("leader election stopped: %r", error, exc_info=error)
+            self._end_term(
+                logging.WARNING, "lost lease %s: leader election stopped", self._lock.describe()
+            )
             raise
 
     async def _acquire(self) -> None:
+        """Returns once a write made this candidate the holder (the term started in it)."""
         while not await self._attempt(self._renew_deadline):
             jitter = self._random.random() * JITTER_FACTOR * self._retry_period
             await self._clock.sleep(self._retry_period + jitter)
-        for waiter in self._leading_waiters:
-            if not waiter.done():
-                waiter.set_result(None)
 
-    async def _renew(self) -> str:
-        """Returns why leadership ended: ``renew_deadline`` passed since the last successful write,
+    async def _renew(self) -> None:
+        """Returns once the term ended: ``renew_deadline`` passed since the last successful write,
         or the record names another holder. Go's ``wait.Until`` around
         ``PollUntilContextTimeout``: renew every ``retry_period``, retrying each ``retry_period``
         until the deadline."""
-        while True:
+        while self._term is _Term.LEADING:
             await self._clock.sleep(self._retry_period)
-            while not await self._attempt(self._remaining()):
-                if not self._holds(self._observed):
-                    return f"the lease is held by {self.leader!r} now"
-                if self._remaining() <= 0:
-                    return f"not renewed within renew_deadline={self._renew_deadline}s"
+            while not await self._attempt(self._remaining()) and self.is_leader():
                 await self._clock.sleep(min(self._retry_period, self._remaining()))
 
     def _remaining(self) -> float:
@@ -226,9 +248,7 @@ class LeaderElector:
         """One ``tryAcquireOrRenew``, abandoned after ``seconds``."""
         if seconds <= 0:
             return False
-        succeeded = await self._bounded(self._try_acquire_or_renew(), seconds, False)
-        self._maybe_report_transition()
-        return succeeded
+        return await self._bounded(self._try_acquire_or_renew(), seconds, False)
 
     async def _bounded(self, work: Coroutine[Any, Any, _T], seconds: float, late: _T) -> _T:
         """``work``'s result, or ``late`` if it takes ``seconds`` or more on the clock."""
@@ -307,6 +327,8 @@ class LeaderElector:
         self._set_observed(record, None)
         self._renewed_at = started
         self._last_error = None
+        if self._term is _Term.CANDIDATE:
+            self._start_term()
         return True
 
     async def _release(self) -> None:
@@ -347,8 +369,8 @@ class LeaderElector:
         except Exception as error:
             self._log.error("cannot release lease %s: %r", self._lock.describe(), error)
             return _Outcome.DONE
-        self._set_observed(released, None)
         self._log.info("released lease %s", self._lock.describe())
+        self._set_observed(released, None, report=False)
         return _Outcome.DONE
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -390,13 +412,25 @@ class LeaderElector:
                 seconds,
             )
 
-    def _set_observed(self, record: LeaderElectionRecord, raw: bytes | None) -> None:
+    def _set_observed(
+        self, record: LeaderElectionRecord, raw: bytes | None, *, report: bool = True
+    ) -> None:
+        """The one place the record last seen changes: a term it ends, and a new holder (Go's
+        ``maybeReportTransition``), are logged first."""
+        if self._term is _Term.LEADING and not self._holds(record):
+            self._end_term(
+                logging.WARNING,
+                "lost lease %s: the lease is held by %r now",
+                self._lock.describe(),
+                _holder(record),
+            )
+        if report:
+            self._maybe_report_transition(_holder(record))
         self._observed = record
         self._observed_raw = raw
         self._observed_at = self._clock.time()
 
-    def _maybe_report_transition(self) -> None:
-        leader = _holder(self._observed)
+    def _maybe_report_transition(self, leader: str | None) -> None:
         if leader == self._reported_leader:
             return
         self._reported_leader = leader
@@ -408,11 +442,24 @@ class LeaderElector:
             self._last_error = message
             self._log.warning("%s; retrying every %ss", message, self._retry_period)
 
-    def _stop_leading(self) -> None:
-        led = self._renewed_at is not None
+    def _start_term(self) -> None:
+        """Logged, then ``is_leader()`` is true for every caller and the waiters are woken. Go
+        logs "successfully acquired lease" in ``acquire``, before ``OnStartedLeading`` runs."""
+        self._log.info("successfully acquired lease %s as %s", self._lock.describe(), self.identity)
+        self._term = _Term.LEADING
+        for waiter in self._leading_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _end_term(self, level: int, message: str, *args: object) -> None:
+        """Ends a term this candidate leads: logged, then ``is_leader()`` is false for every caller
+        and ``wait_until_lost()`` returns. Nothing if it does not lead."""
+        if self._term is not _Term.LEADING:
+            return
+        self._log.log(level, message, *args)
+        self._term = _Term.ENDED
         self._renewed_at = None
-        if led:
-            self._lost.set()
+        self._lost.set()
 
 
 def _holder(record: LeaderElectionRecord | None) -> str | None:

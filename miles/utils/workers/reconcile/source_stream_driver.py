@@ -172,7 +172,11 @@ class SourceStreamDriver:
     async def _pump(self, stream: AsyncIterator[SourceEvent]) -> None:
         if not await self._open(stream):
             return
-        self._synced.set()
+        if not self._synced.is_set():
+            self._log.debug(
+                "synced: the store holds the opening listing, %d objects", len(self._store)
+            )
+            self._synced.set()
         self._enter(SourcePhase.WATCHING)
         handle_event, on_affected = self._store.handle_event, self._on_affected
         events = self._events
