@@ -1,5 +1,5 @@
 """Layer: real apiserver, no kubelet. `events.EventRecorder` writing core/v1 Events to a real
-kube-apiserver (the cached one, watch cache on) through a sink over kubernetes_asyncio.
+kube-apiserver (the cached one, watch cache on) through `ClientEventSink` and the write client.
 
 `kubectl describe pod` and `kubectl get events` show what it records; a storm of 10,000 identical
 events is written as client-go writes it, counted by the apiserver's own
@@ -11,9 +11,7 @@ first a POST, the other 24 PATCHes of its count, so the one Event ends with coun
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +19,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import ApiClientFactory
-from miles.utils.workers.reconcile.events import EventRecorder
-from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.client import Client
+from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport
 from tests.e2e.k8s_apiserver.harness import create_pod
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -31,38 +30,9 @@ SPAM_BURST = 25
 SPAM_REFILL_SECONDS = 300.0
 
 
-class _CoreV1EventSink:
-    """`EventSink` over kubernetes_asyncio's CoreV1Api: a dict body is sent as a strategic merge
-    patch, as client-go's sink sends it; an HTTP answer is the runtime's `KubernetesApiError`."""
-
-    def __init__(self, core: Any) -> None:
-        self._core = core
-
-    async def create(self, event: dict[str, Any]) -> dict[str, Any]:
-        namespace = event["metadata"]["namespace"]
-        return await self._call(self._core.create_namespaced_event(namespace, event, **_RAW))
-
-    async def patch(self, event: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
-        metadata = event["metadata"]
-        call = self._core.patch_namespaced_event(
-            metadata["name"], metadata["namespace"], dict(patch), **_RAW
-        )
-        return await self._call(call)
-
-    @staticmethod
-    async def _call(call: Any) -> dict[str, Any]:
-        """kubernetes_asyncio raises on no status once asked for the raw body: an answer other
-        than 2xx is the runtime's `KubernetesApiError` here."""
-        response = await call
-        body: dict[str, Any] = json.loads(await response.read())
-        if response.status >= 300:
-            raise KubernetesApiError(
-                response.status, body.get("reason", ""), body.get("message", "")
-            )
-        return body
-
-
-_RAW = {"_preload_content": False}
+def _sink(api: Any) -> ClientEventSink:
+    transport = KubernetesAsyncioTransport(api_client=api)
+    return ClientEventSink(Client(transport=transport, field_manager="pool-ctl"))
 
 
 async def _event_writes(api: Any) -> dict[str, int]:
@@ -104,7 +74,7 @@ async def test_kubectl_describe_and_get_events_show_the_recorded_events(
         pod = api.sanitize_for_serialization(
             await create_pod(core, k8s_namespace, "engine-0", cell=None)
         )
-        async with EventRecorder(sink=_CoreV1EventSink(core), component="pool-ctl") as recorder:
+        async with EventRecorder(sink=_sink(api), component="pool-ctl") as recorder:
             recorder.record(pod, "Normal", "Created", "created engine-0 for pool-a")
             recorder.record(pod, "Warning", "DrainSlow", "drain of engine-0 took 31s")
         assert (recorder.written, recorder.given_up, recorder.dropped) == (2, 0, 0)
@@ -132,7 +102,7 @@ async def test_a_storm_of_10000_identical_events_writes_what_client_go_writes(
         )
         before = await _event_writes(api)
         started = time.monotonic()
-        async with EventRecorder(sink=_CoreV1EventSink(core), component="pool-ctl") as recorder:
+        async with EventRecorder(sink=_sink(api), component="pool-ctl") as recorder:
             for _ in range(10_000):
                 recorder.record(pod, "Warning", "BackOff", "Back-off restarting failed container")
                 if recorder.queued > 500:  # paced, so the storm is filtered, not dropped

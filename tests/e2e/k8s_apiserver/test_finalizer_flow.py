@@ -1,5 +1,5 @@
 """Layer: real apiserver, no kubelet. `controllerutil.Finalizer` on a ConfigMap of a real
-kube-apiserver (the cached one), patched through kubernetes_asyncio: the finalizer is added before
+kube-apiserver (the cached one), patched through the write client: the finalizer is added before
 the controller acts, a real delete leaves the object until the cleanup ran and the finalizer was
 removed (another controller's finalizer kept), and a list that changed since it was read fails the
 `test` op (422) and removes nothing. Owner references written by `set_controller_reference` are
@@ -15,13 +15,15 @@ import pytest
 from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import ApiClientFactory
+from miles.utils.workers.reconcile.client import Client
 from miles.utils.workers.reconcile.controllerutil import (
     AlreadyOwnedError,
     Finalizer,
     set_controller_reference,
 )
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
-from miles.utils.workers.reconcile.resource import CONFIG_MAPS, Resource
+from miles.utils.workers.reconcile.resource import CONFIG_MAPS
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -29,21 +31,8 @@ DRAIN = "miles.example.com/drain"
 OTHER = "other.example.com/keep"
 
 
-class _ConfigMapPatcher:
-    """`PatchClient` over CoreV1Api: a list body is sent as a JSON patch."""
-
-    def __init__(self, core: Any) -> None:
-        self._core = core
-
-    async def patch(
-        self, resource: Resource, name: str, patch: Any, *, namespace: str | None = None
-    ) -> Any:
-        assert resource == CONFIG_MAPS
-        assert patch.content_type == "application/json-patch+json"
-        response = await self._core.patch_namespaced_config_map(
-            name, namespace, patch.wire(), _preload_content=False
-        )
-        return await _body(response)
+def _client(api: Any) -> Client:
+    return Client(transport=KubernetesAsyncioTransport(api_client=api), field_manager="e2e")
 
 
 async def _body(response: Any) -> Any:
@@ -85,7 +74,7 @@ async def test_the_finalizer_flow_with_a_real_delete(
         core: Any = client.CoreV1Api(api)
         manifest = {"metadata": {"name": "pool-a", "finalizers": [OTHER]}, "data": {"k": "v"}}
         await core.create_namespaced_config_map(k8s_namespace, manifest)
-        finalizer = Finalizer(name=DRAIN, client=_ConfigMapPatcher(core), resource=CONFIG_MAPS)
+        finalizer = Finalizer(name=DRAIN, client=_client(api), resource=CONFIG_MAPS)
         handlers = _Handlers()
 
         async def step() -> Any:
@@ -151,7 +140,7 @@ async def test_an_absent_list_passes_the_null_test_and_a_present_one_fails_it(
         await core.create_namespaced_config_map(k8s_namespace, {"metadata": {"name": "bare"}})
         stale = await _read(core, k8s_namespace, "bare")
         assert stale is not None
-        finalizer = Finalizer(name=DRAIN, client=_ConfigMapPatcher(core), resource=CONFIG_MAPS)
+        finalizer = Finalizer(name=DRAIN, client=_client(api), resource=CONFIG_MAPS)
         handlers = _Handlers()
         assert (
             await finalizer.reconcile(stale, apply=handlers.apply, cleanup=handlers.cleanup) is None

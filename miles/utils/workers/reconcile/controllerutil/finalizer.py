@@ -18,10 +18,11 @@ no other controller's finalizer is ever removed or overwritten.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from miles.utils.workers.reconcile.client.patches import JsonPatch
 from miles.utils.workers.reconcile.resource import Resource
 
 R = TypeVar("R")
@@ -30,26 +31,14 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _STANDARD_FINALIZERS = frozenset({"kubernetes", "orphan", "foregroundDeletion"})
 """Go: ``helper.IsStandardFinalizerName`` (the system's own; a controller never holds one)."""
-JSON_PATCH = "application/json-patch+json"
-
-
-@dataclass(frozen=True, slots=True)
-class JsonPatchOps:
-    """An RFC 6902 JSON patch, as the write client sends one."""
-
-    ops: Sequence[Mapping[str, Any]]
-
-    content_type = JSON_PATCH
-
-    def wire(self) -> Any:
-        return [dict(op) for op in self.ops]
 
 
 class PatchClient(Protocol):
-    """The write the finalizer needs: a JSON patch of one object."""
+    """The write the finalizer needs, as ``client.Client.patch`` does it: a JSON patch of one
+    object, raising ``KubernetesApiError`` (422 for a failed ``test``)."""
 
     async def patch(
-        self, resource: Resource, name: str, patch: Any, *, namespace: str | None = None
+        self, resource: Resource, name: str, patch: JsonPatch, *, namespace: str | None = None
     ) -> Any: ...
 
 
@@ -116,7 +105,7 @@ class Finalizer:
 
     async def _patch(self, state: _State, ops: list[dict[str, Any]]) -> None:
         await self._client.patch(
-            self._resource, state.name, JsonPatchOps(ops), namespace=state.namespace
+            self._resource, state.name, JsonPatch(ops), namespace=state.namespace
         )
 
 

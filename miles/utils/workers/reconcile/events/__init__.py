@@ -13,11 +13,13 @@ from miles.utils.workers.reconcile.events.recorder import (
     EventSink,
     ObjectReference,
 )
+from miles.utils.workers.reconcile.events.sink import ClientEventSink
 
 __all__ = [
     "AGGREGATE_PREFIX",
     "MAX_QUEUED_EVENTS",
     "MAX_TRIES_PER_EVENT",
+    "ClientEventSink",
     "Correlated",
     "EventCorrelator",
     "EventRecorder",
