@@ -2,8 +2,8 @@
 one coordination.k8s.io/v1 Lease, through ``KubernetesAsyncioLeaseApi``: one leads; the other takes
 over at its next poll when the leader exits and releases, and only once the lease expired when the
 leader is cancelled without releasing. Every assertion on the election reads the Lease back from
-the apiserver. Also: what the apiserver refuses of a Lease, and a Lease edited to hold values no
-candidate writes."""
+the apiserver. Also: what the apiserver refuses of a Lease, a Lease edited to hold values no
+candidate writes, and the order of the log lines against what leadership allows."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from miles.utils.workers.reconcile.lease_lock import (
     LeaseLock,
     LeaseNotFoundError,
 )
+from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.source_event import ParentKey, ReplaceEvent, SourceEvent
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -208,3 +210,59 @@ async def test_the_lease_api_speaks_404_and_409(
             await lease_api.replace_lease(namespace=k8s_namespace, name=NAME, lease=created)
         read = await lease_api.get_lease(namespace=k8s_namespace, name=NAME)
         assert read["metadata"]["resourceVersion"] == newer["metadata"]["resourceVersion"]
+
+
+async def test_the_log_says_leadership_began_before_the_first_reconcile_and_ended_before_it_stopped(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str
+) -> None:
+    """A leadership-gated loop started with its elector, as ``pod_counter --leader-elect`` does:
+    in one timeline, "successfully acquired lease" comes before ``is_leader()`` first reads true
+    (an observer reads it on every turn of the event loop) and before the first reconcile; on
+    leaving, "stopped leading" comes before it reads false, and "released lease" after."""
+    entries: list[str] = []
+
+    class Timeline(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            entries.append(f"log: {record.getMessage()}")
+
+    async def listing() -> AsyncIterator[SourceEvent]:
+        yield ReplaceEvent({"p-0": "cell-0"})
+        await asyncio.Event().wait()
+
+    async def reconcile(parent: ParentKey) -> None:
+        entries.append("reconcile")
+
+    async def observe(elector: LeaderElector) -> None:
+        seen = None
+        while True:
+            if elector.is_leader() != seen:
+                seen = elector.is_leader()
+                entries.append(f"leading: {seen}")
+            await asyncio.sleep(0)
+
+    logger = logging.getLogger(LeaderElector.__module__)
+    handler, level = Timeline(logging.INFO), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        async with k8s_api_client("cached") as api:
+            elector = _elector(api, k8s_namespace, "a")
+            observer = asyncio.create_task(observe(elector))
+            loop = ReconcileLoop(
+                source=listing, reconcile=reconcile, key_map=str, leadership=elector
+            )
+            async with elector, loop:
+                await _eventually(lambda: "reconcile" in entries, 10, "the first reconcile")
+            await asyncio.sleep(0.1)
+            observer.cancel()
+            await asyncio.gather(observer, return_exceptions=True)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+    def first(fragment: str) -> int:
+        return next(i for i, entry in enumerate(entries) if fragment in entry)
+
+    acquired, stopped = first("successfully acquired lease"), first("stopped leading lease")
+    assert acquired < entries.index("leading: True") < entries.index("reconcile"), entries
+    assert stopped < entries.index("leading: False", acquired) < first("released lease"), entries
