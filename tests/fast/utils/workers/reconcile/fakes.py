@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from miles.utils.workers.reconcile.clock import FakeClock
+from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ParentKey,
@@ -27,6 +30,13 @@ class Pod:
 
 def parent_of(pod: Pod) -> ParentKey | None:
     return pod.parent
+
+
+def fake_loop(source: Any, reconcile: Any, clock: FakeClock, **kwargs: Any) -> ReconcileLoop:
+    """A ``ReconcileLoop`` over test doubles, keyed by ``parent_of``; keywords pass through."""
+    return ReconcileLoop(
+        source=source, reconcile=reconcile, key_map=parent_of, clock=clock, **kwargs
+    )
 
 
 def upsert(pod: Pod) -> UpsertEvent:

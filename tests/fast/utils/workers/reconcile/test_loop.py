@@ -18,6 +18,7 @@ from tests.fast.utils.workers.reconcile.fakes import (
     Pod,
     Recorder,
     delete,
+    fake_loop,
     parent_of,
     replace,
     run_until,
@@ -36,15 +37,14 @@ def _loop(
     failure_base_delay: float = 1.0,
     failure_max_delay: float = 60.0,
 ) -> ReconcileLoop:
-    return ReconcileLoop(
-        source=source,
-        reconcile=reconcile,
-        key_map=parent_of,
+    return fake_loop(
+        source,
+        reconcile,
+        clock,
         resync_period=resync_period,
         failure_base_delay=failure_base_delay,
         failure_max_delay=failure_max_delay,
         source_retry_delay=SOURCE_RETRY,
-        clock=clock,
     )
 
 

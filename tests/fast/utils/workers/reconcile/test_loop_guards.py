@@ -22,7 +22,7 @@ from tests.fast.utils.workers.reconcile.fakes import (
     Pod,
     Recorder,
     delete,
-    parent_of,
+    fake_loop,
     replace,
     upsert,
 )
@@ -31,9 +31,7 @@ BAD_NUMBERS = [0, -1.0, math.inf, math.nan, "1", None, True]
 
 
 def _loop(source: FakeSource, reconcile: Any, clock: FakeClock, **kwargs: Any) -> ReconcileLoop:
-    return ReconcileLoop(
-        source=source, reconcile=reconcile, key_map=parent_of, clock=clock, **kwargs
-    )
+    return fake_loop(source, reconcile, clock, **kwargs)
 
 
 @pytest.mark.parametrize(

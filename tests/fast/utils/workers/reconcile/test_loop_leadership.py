@@ -17,6 +17,7 @@ from tests.fast.utils.workers.reconcile.fakes import (
     FakeSource,
     Pod,
     Switch,
+    fake_loop,
     parent_of,
     replace,
     upsert,
@@ -38,13 +39,7 @@ class GatedRecorder:
 
 
 def _loop(source: FakeSource, reconcile: GatedRecorder, clock: FakeClock) -> ReconcileLoop:
-    return ReconcileLoop(
-        source=source,
-        reconcile=reconcile,
-        key_map=parent_of,
-        clock=clock,
-        leadership=reconcile.leadership,
-    )
+    return fake_loop(source, reconcile, clock, leadership=reconcile.leadership)
 
 
 def test_leadership_is_an_optional_keyword_off_by_default() -> None:

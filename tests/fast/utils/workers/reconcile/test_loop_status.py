@@ -23,7 +23,7 @@ from tests.fast.utils.workers.reconcile.fakes import (
     FakeSource,
     Pod,
     Recorder,
-    parent_of,
+    fake_loop,
     replace,
     upsert,
 )
@@ -32,14 +32,7 @@ SOURCE_RETRY = 2.0
 
 
 def _loop(source: object, reconcile: object, clock: FakeClock, **kwargs: object) -> ReconcileLoop:
-    return ReconcileLoop(
-        source=source,  # type: ignore[arg-type]
-        reconcile=reconcile,  # type: ignore[arg-type]
-        key_map=parent_of,
-        source_retry_delay=SOURCE_RETRY,
-        clock=clock,
-        **kwargs,  # type: ignore[arg-type]
-    )
+    return fake_loop(source, reconcile, clock, source_retry_delay=SOURCE_RETRY, **kwargs)
 
 
 class _Reflector:

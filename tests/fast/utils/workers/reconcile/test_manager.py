@@ -18,7 +18,14 @@ from miles.utils.workers.reconcile.lease_lock import LeaseLock, LeaseObject
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.manager import Manager, ManagerError, run_until_signalled
 from miles.utils.workers.reconcile.source_event import ParentKey
-from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, parent_of, replace, upsert
+from tests.fast.utils.workers.reconcile.fakes import (
+    FakeSource,
+    Pod,
+    fake_loop,
+    parent_of,
+    replace,
+    upsert,
+)
 from tests.fast.utils.workers.reconcile.http_probe import get
 
 GRACE = 30.0
@@ -68,14 +75,8 @@ class Gate:
 def _loop(
     source: FakeSource, reconcile: Gate, clock: FakeClock, leadership: LeaderElector | None = None
 ) -> ReconcileLoop:
-    return ReconcileLoop(
-        source=source,
-        reconcile=reconcile,
-        key_map=parent_of,
-        clock=clock,
-        name="pods",
-        resync_period=None,
-        leadership=leadership,
+    return fake_loop(
+        source, reconcile, clock, name="pods", resync_period=None, leadership=leadership
     )
 
 

@@ -34,7 +34,7 @@ from tests.fast.utils.workers.reconcile.fakes import (
     Pod,
     Recorder,
     Switch,
-    parent_of,
+    fake_loop,
     replace,
     upsert,
 )
@@ -45,9 +45,7 @@ LOOP = {"controller": NAME}
 
 
 def _loop(source: Any, reconcile: Any, clock: FakeClock, **kwargs: Any) -> ReconcileLoop:
-    return ReconcileLoop(
-        source=source, reconcile=reconcile, key_map=parent_of, clock=clock, name=NAME, **kwargs
-    )
+    return fake_loop(source, reconcile, clock, name=NAME, **kwargs)
 
 
 def _value(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> float | None:
