@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from miles.utils.workers.reconcile.arguments import positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.log import NamedLogger
+from miles.utils.workers.reconcile.resource import Resource
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ParentKey,
@@ -121,6 +122,19 @@ class OwnWrites:
             return
         at = self._clock.time()
         self._written[parent] = _Written(resource_version, number, at)
+
+    def observer(self, *resources: Resource) -> Callable[[Resource, str], None]:
+        """What a write client calls with each write's resource and resourceVersion
+        (``client.Client(on_write=...)``): a write of one of ``resources`` (any, if none is
+        given; the kinds the loop's cache holds, since the store's version moves only with them)
+        is recorded for the parent being reconciled."""
+        tracked = frozenset(resources)
+
+        def wrote(resource: Resource, resource_version: str) -> None:
+            if not tracked or resource in tracked:
+                self.wrote(resource_version)
+
+        return wrote
 
     def pending(self, parent: ParentKey) -> str | None:
         """The version ``parent`` still waits for, if any."""

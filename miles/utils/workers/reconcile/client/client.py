@@ -59,6 +59,9 @@ FIELD_MANAGER_MAX_LENGTH = 128
 """Go: apimachinery ``validation.FieldManagerMaxLength``."""
 REQUEST_TIMEOUT = 30.0
 PropagationPolicy = Literal["Orphan", "Background", "Foreground"]
+WriteObserver = Callable[[Resource, str], None]
+"""Told the resource and the resourceVersion of every write the apiserver answered with an
+object (read your own writes: ``own_writes.OwnWrites.observer``)."""
 _EXPECTED = (NotFoundError, AlreadyExistsError, ConflictError)
 """Answers a controller reads as outcomes (gone, there already, changed since read): logged at
 INFO, every other failure at WARNING."""
@@ -106,8 +109,10 @@ class Client:
         field_manager: str | None = None,
         request_timeout: float = REQUEST_TIMEOUT,
         clock: Clock | None = None,
+        on_write: WriteObserver | None = None,
     ) -> None:
         self._transport = transport
+        self._on_write = on_write
         self._field_manager = None if field_manager is None else _manager(field_manager)
         self._timeout = positive_finite("request_timeout", request_timeout)
         self._clock = clock or RealClock()
@@ -365,6 +370,8 @@ class Client:
                 failure: Exception = err
             else:
                 if 200 <= response.status <= 299:
+                    if self._on_write is not None and method != "GET":
+                        _observe_write(self._on_write, target.resource, response.body)
                     return response.body
                 failure = status_error(response)
             delay = retry_delay(method, failure, retries)
@@ -384,6 +391,17 @@ class Client:
                 delay,
             )
             await self._clock.sleep(delay)
+
+
+def _observe_write(observer: WriteObserver, resource: Resource, body: bytes) -> None:
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return
+    metadata = answer.get("metadata") if isinstance(answer, dict) else None
+    version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+    if isinstance(version, str) and version and answer.get("kind") != "Status":
+        observer(resource, version)
 
 
 def _guard_failed(resource_version: str) -> Callable[[Exception], Exception]:

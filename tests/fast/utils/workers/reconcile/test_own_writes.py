@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 
 import pytest
 
+from miles.utils.workers.reconcile.client import Client, RawResponse
 from miles.utils.workers.reconcile.clock import FakeClock, settle
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.own_writes import OwnWrites, resource_version_of
+from miles.utils.workers.reconcile.resource import CONFIG_MAPS, PODS
 from miles.utils.workers.reconcile.source_event import ParentKey, UpsertEvent
 from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, parent_of, replace, upsert
 
@@ -139,3 +142,31 @@ def test_resource_versions_that_do_not_parse_have_no_order(version: str) -> None
     tracker.observe(_event_with_version("5"))
     tracker.wrote(version, parent=POOL)
     assert tracker.pending(POOL) == (version or None)
+
+
+class _AnsweringTransport:
+    """Answers every request with the object it names, at the next resourceVersion."""
+
+    def __init__(self) -> None:
+        self.version = 40
+
+    async def request(self, method: str, path: str, **_: object) -> RawResponse:
+        self.version += 1
+        name = path.rsplit("/", 1)[-1]
+        body = {"kind": "X", "metadata": {"name": name, "resourceVersion": str(self.version)}}
+        return RawResponse(200, json.dumps(body).encode())
+
+
+async def test_the_client_records_its_writes_of_the_cached_kinds_for_the_parent_reconciled() -> (
+    None
+):
+    tracker = OwnWrites(clock=FakeClock())
+    client = Client(transport=_AnsweringTransport(), on_write=tracker.observer(PODS))
+    pod = {"metadata": {"name": "worker-0"}}
+    await client.create(PODS, pod, namespace="ns")  # outside a reconcile: no parent
+    assert tracker.pending(POOL) is None
+    with tracker.dispatching(POOL):
+        await client.create(PODS, pod, namespace="ns")
+        await client.get(PODS, "worker-0", namespace="ns")
+        await client.create(CONFIG_MAPS, {"metadata": {"name": "c"}}, namespace="ns")
+    assert tracker.pending(POOL) == "42"
