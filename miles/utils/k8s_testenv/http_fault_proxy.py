@@ -13,11 +13,13 @@ oracle) speaks HTTP/1.1 here and its HTTP/2 health check does not apply behind t
 
 Faults are `add(match, action, count=, seconds=)`: the first live fault whose `Match` fits a
 request decides it; `Respond` answers new requests itself, `BlackHole` swallows new requests and
-the rest of open responses (the connection is never closed), `CorruptChunk` breaks the next chunk
-of a chunked response (new or open) with a bad chunk-size line or a chunk not ended by CRLF, and
-then holds the connection open; `RewriteFrame` forwards the next pod frame of a watch (ADDED,
-MODIFIED or DELETED) rewritten (`without_name` and `cut_in_name` are two rewrites). A `Match` can
-pick one client by its User-Agent, and `RewriteFrame` and `CorruptChunk` one pod's frames.
+the rest of open responses (the connection is never closed), `CutAfterForward` sends a request on
+to the apiserver and resets the client before any byte of the answer, `CorruptChunk` breaks the
+next chunk of a chunked response (new or open) with a bad chunk-size line or a chunk not ended by
+CRLF, and then holds the connection open; `RewriteFrame` forwards the next pod frame of a watch
+(ADDED, MODIFIED or DELETED) rewritten (`without_name` and `cut_in_name` are two rewrites). A
+`Match` can pick one client by its User-Agent, and `RewriteFrame` and `CorruptChunk` one pod's
+frames.
 `freeze()` stops the responses streaming now (a watch) where they are, connections kept open,
 while new requests go through: a NAT entry expired under a watch.
 Every request is recorded in `requests` (bounded), with what the proxy did to it.
@@ -166,6 +168,15 @@ class BlackHole:
 
 
 @dataclass(frozen=True)
+class CutAfterForward:
+    """Forward the request, wait for the apiserver's answer to begin, then reset the client's
+    connection without a byte of it: the write was made and the client cannot know."""
+
+    def describe(self) -> str:
+        return "forwarded, then cut before the answer"
+
+
+@dataclass(frozen=True)
 class CorruptChunk:
     """Forward half of the next chunk of the response as a valid chunk (so the client holds half
     a frame), then break the chunked framing; then forward nothing and keep it open.
@@ -232,7 +243,7 @@ def frame_about(chunk: bytes, pod: str) -> bool:
         return False
 
 
-Action = Respond | BlackHole | CorruptChunk | RewriteFrame
+Action = Respond | BlackHole | CorruptChunk | RewriteFrame | CutAfterForward
 
 
 @dataclass(eq=False)
@@ -517,11 +528,15 @@ class HttpFaultProxy:
     async def _exchange(
         self, connection: _Connection, head: RequestHead, reader: asyncio.StreamReader
     ) -> None:
-        action = self._take(head, (Respond, BlackHole))
+        action = self._take(head, (Respond, BlackHole, CutAfterForward))
         if isinstance(action, BlackHole):
             self._record(head, action.describe())
             raise _Hold
         body = await _read_body(reader, head.headers)
+        if isinstance(action, CutAfterForward):
+            self._record(head, action.describe())
+            await self._send(connection, head, body)
+            raise _Close
         if isinstance(action, Respond):
             self._record(head, action.describe())
             await _answer(connection.client, head, action)
