@@ -20,8 +20,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from miles.utils.k8s_testenv import ApiClientFactory
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioLeaseApi
-from miles.utils.workers.reconcile.leader_election import JITTER_FACTOR, LeaderElector
-from miles.utils.workers.reconcile.lease_lock import (
+from miles.utils.workers.reconcile.leaderelection.leader_election import (
+    JITTER_FACTOR,
+    LeaderElector,
+)
+from miles.utils.workers.reconcile.leaderelection.lease_lock import (
     INT32_MAX,
     LeaseLock,
     LeaseNotFoundError,
@@ -192,7 +195,7 @@ async def test_a_lease_edited_to_odd_values_is_taken_after_expiry_never_before(
 async def test_the_lease_api_speaks_404_and_409(
     k8s_api_client: ApiClientFactory, k8s_namespace: str
 ) -> None:
-    from miles.utils.workers.reconcile.lease_lock import LeaseConflictError
+    from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseConflictError
 
     async with k8s_api_client("cached") as api:
         lease_api = KubernetesAsyncioLeaseApi(coordination_v1_api=client.CoordinationV1Api(api))

@@ -28,13 +28,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from miles.utils.workers.reconcile.leader_election import (
+from miles.utils.workers.reconcile.leaderelection.leader_election import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_RENEW_DEADLINE,
     DEFAULT_RETRY_PERIOD,
     LeaderElector,
 )
-from miles.utils.workers.reconcile.lease_lock import LeaseApi, LeaseLock
+from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseApi, LeaseLock
 from miles.utils.workers.reconcile.tasks import first_of
 
 ACTING_PERIOD = 0.1

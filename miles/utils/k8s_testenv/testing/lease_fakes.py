@@ -8,7 +8,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles.utils.workers.reconcile.lease_lock import (
+from miles.utils.workers.reconcile.leaderelection.lease_lock import (
     LeaseConflictError,
     LeaseNotFoundError,
     LeaseObject,

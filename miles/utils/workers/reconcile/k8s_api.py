@@ -595,7 +595,7 @@ class KubernetesAsyncioLeaseApi:
     async def _call(self, what: str, method: Any, *args: Any) -> dict[str, Any]:
         import aiohttp
 
-        from miles.utils.workers.reconcile.lease_lock import (
+        from miles.utils.workers.reconcile.leaderelection.lease_lock import (
             LeaseConflictError,
             LeaseNotFoundError,
         )

@@ -39,13 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from miles.utils.workers.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_api import as_kubernetes_error
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
-from miles.utils.workers.reconcile.leader_election import (
+from miles.utils.workers.reconcile.leaderelection.leader_election import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_RENEW_DEADLINE,
     DEFAULT_RETRY_PERIOD,
 )
 from miles.utils.workers.reconcile.loop import Leadership
-from miles.utils.workers.reconcile.manager import (
+from miles.utils.workers.reconcile.manager.manager import (
     DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
     DEFAULT_HEALTH_PROBE_ADDRESS,
     DEFAULT_METRICS_ADDRESS,
@@ -294,9 +294,9 @@ async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[st
         KubernetesAsyncioLeaseApi,
         KubernetesAsyncioPodApi,
     )
-    from miles.utils.workers.reconcile.leader_election import LeaderElector
-    from miles.utils.workers.reconcile.lease_lock import LeaseLock
-    from miles.utils.workers.reconcile.manager import Manager, run_until_signalled
+    from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
+    from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock
+    from miles.utils.workers.reconcile.manager.manager import Manager, run_until_signalled
 
     target = KubeTarget(kubeconfig=kubeconfig, namespace=config.namespace)
     async with kube_session(target, environ) as session:

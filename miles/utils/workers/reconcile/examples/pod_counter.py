@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from miles.utils.workers.reconcile.clock import RealClock
-from miles.utils.workers.reconcile.leader_election import LeaderElector
-from miles.utils.workers.reconcile.lease_lock import LeaseLock
-from miles.utils.workers.reconcile.manager import (
+from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
+from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock
+from miles.utils.workers.reconcile.manager.manager import (
     DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
     DEFAULT_HEALTH_PROBE_ADDRESS,
     DEFAULT_METRICS_ADDRESS,

@@ -7,8 +7,13 @@ from http import HTTPStatus
 
 import pytest
 
-from miles.utils.workers.reconcile.healthz import Checker, HealthChecks
-from miles.utils.workers.reconcile.http_server import HttpServer, Request, Response, not_found
+from miles.utils.workers.reconcile.manager.healthz import Checker, HealthChecks
+from miles.utils.workers.reconcile.manager.http_server import (
+    HttpServer,
+    Request,
+    Response,
+    not_found,
+)
 from tests.fast.utils.workers.reconcile.http_probe import Answer, get
 
 

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from miles.utils.workers.reconcile.clock import FakeClock
-from miles.utils.workers.reconcile.http_server import (
+from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.manager.http_server import (
     MAX_REQUEST_HEAD,
     HttpServer,
     Request,
@@ -18,8 +19,7 @@ from miles.utils.workers.reconcile.http_server import (
     parse_address,
     text,
 )
-from miles.utils.workers.reconcile.loop import ReconcileLoop
-from miles.utils.workers.reconcile.metrics_server import metrics_server
+from miles.utils.workers.reconcile.manager.metrics_server import metrics_server
 from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, Recorder, parent_of, replace
 from tests.fast.utils.workers.reconcile.http_probe import exchange, get
 

@@ -14,8 +14,11 @@ import pytest
 
 from miles.utils.k8s_testenv.testing.lease_fakes import FakeLeaseApi
 from miles.utils.workers.reconcile.clock import FakeClock
-from miles.utils.workers.reconcile.leader_election import JITTER_FACTOR, LeaderElector
-from miles.utils.workers.reconcile.lease_lock import (
+from miles.utils.workers.reconcile.leaderelection.leader_election import (
+    JITTER_FACTOR,
+    LeaderElector,
+)
+from miles.utils.workers.reconcile.leaderelection.lease_lock import (
     INT32_MAX,
     LeaderElectionRecord,
     LeaseLock,
@@ -204,7 +207,7 @@ async def test_update_keeps_the_rest_of_the_lease_and_is_refused_when_stale() ->
     assert api.leases[(NS, NAME)]["metadata"]["labels"] == {"team": "x"}
     assert _holder(api) == "a"
     api.edit(NS, NAME, holderIdentity="c")
-    from miles.utils.workers.reconcile.lease_lock import LeaseConflictError
+    from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseConflictError
 
     with pytest.raises(LeaseConflictError):
         await lock.update(LeaderElectionRecord("a", 15, None, None, 1))

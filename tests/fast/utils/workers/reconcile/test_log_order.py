@@ -17,8 +17,8 @@ from miles.utils.k8s_testenv.testing.lease_fakes import FakeLeaseApi
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
-from miles.utils.workers.reconcile.leader_election import LeaderElector
-from miles.utils.workers.reconcile.lease_lock import LeaseLock
+from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
+from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.source_event import ParentKey
 from miles.utils.workers.reconcile.status import SourcePhase

@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 
 from miles.utils.k8s_testenv.testing.lease_fakes import FakeLeaseApi
 from miles.utils.workers.reconcile.clock import FakeClock, settle
-from miles.utils.workers.reconcile.leader_election import LeaderElector
-from miles.utils.workers.reconcile.lease_lock import LeaseLock, LeaseObject
+from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
+from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock, LeaseObject
 from miles.utils.workers.reconcile.loop import ReconcileLoop
-from miles.utils.workers.reconcile.manager import Manager, ManagerError, run_until_signalled
+from miles.utils.workers.reconcile.manager.manager import Manager, ManagerError, run_until_signalled
 from miles.utils.workers.reconcile.source_event import ParentKey
 from tests.fast.utils.workers.reconcile.fakes import (
     FakeSource,

@@ -15,7 +15,12 @@ from http import HTTPStatus
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from miles.utils.workers.reconcile.http_server import HttpServer, Request, Response, not_found
+from miles.utils.workers.reconcile.manager.http_server import (
+    HttpServer,
+    Request,
+    Response,
+    not_found,
+)
 
 METRICS_PATH = "/metrics"
 DEFAULT_BIND_ADDRESS = ":8080"

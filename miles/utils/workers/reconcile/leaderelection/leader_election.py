@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 from miles.utils.workers.reconcile.arguments import positive_finite, positive_whole
 from miles.utils.workers.reconcile.clock import Clock, RealClock
-from miles.utils.workers.reconcile.lease_lock import (
+from miles.utils.workers.reconcile.leaderelection.lease_lock import (
     INT32_MAX,
     LeaderElectionRecord,
     LeaseConflictError,

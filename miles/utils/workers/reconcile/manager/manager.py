@@ -25,15 +25,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from miles.utils.workers.reconcile.arguments import positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock
-from miles.utils.workers.reconcile.healthz import HealthChecks
-from miles.utils.workers.reconcile.http_server import (
+from miles.utils.workers.reconcile.loop import ReconcileLoop, ReconcileLoopError
+from miles.utils.workers.reconcile.manager.healthz import HealthChecks
+from miles.utils.workers.reconcile.manager.http_server import (
     HttpServer,
     Request,
     Response,
     not_found,
     parse_address,
 )
-from miles.utils.workers.reconcile.loop import ReconcileLoop, ReconcileLoopError
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -195,7 +195,7 @@ class Manager:
             probe = HttpServer(self._probe, host=host, port=port, name="health probe")
             self._probe_server = await self._stack.enter_async_context(probe)
         if self._metrics_address is not None:
-            from miles.utils.workers.reconcile.metrics_server import metrics_server
+            from miles.utils.workers.reconcile.manager.metrics_server import metrics_server
 
             host, port = self._metrics_address
             server = metrics_server(host, port, self._registry)

@@ -14,7 +14,7 @@ import posixpath
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 
-from miles.utils.workers.reconcile.http_server import Request, Response, not_found, text
+from miles.utils.workers.reconcile.manager.http_server import Request, Response, not_found, text
 
 logger = logging.getLogger(__name__)
 
