@@ -1,7 +1,7 @@
 """Layer: real apiserver, no kubelet (the cache-less apiserver). The loop's Prometheus series
 after a real 410: a cursor made stale and compacted away is rejected by the next re-watch, the
 reflector relists once, and the scrape says so by controller-runtime's and the reflector's
-names."""
+names; ``status()`` and its text count the listings, watch events and objects by name."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
+from miles.utils.workers.reconcile.cli.status_view import status_text
 from tests.e2e.k8s_apiserver.harness import Cells, eventually, make_cursor_stale_then_compact
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -41,6 +42,9 @@ async def test_metrics_after_a_real_410_relist(
 
         await cells.seed("a", "a-0")
         assert sample("reflector_lists_total") == 1
+        synced = cells.loop.status()
+        assert (synced.listings_applied, synced.source.lists, synced.objects_stored) == (1, 1, 1)
+        assert synced.watch_events_applied == synced.source.events >= 1, "a-0's ADDED"
         assert sample("reflector_relists_total", reason="cursor expired") is None
         stale = cells.api.watches[-1].last_cursor
 
@@ -54,6 +58,15 @@ async def test_metrics_after_a_real_410_relist(
         await cells.create("a-1", cell="a")
         await cells.converge("a", {"a-0", "a-1"})
         assert sample("reflector_lists_total") == 2
+        status = cells.loop.status()
+        assert (status.listings_applied, status.objects_stored) == (2, 2)
+        assert status.watch_events_applied == status.source.events
+        assert status.events_applied == status.listings_applied + status.watch_events_applied
+        text = status_text(status)
+        assert "Listings:           2 applied, 2 requested (relists: cursor expired=1)" in text
+        received = status.source.events
+        assert f"Watch events:       {received} received, {received} applied" in text
+        assert "Objects:            2 in the store" in text
         last_rv = sample("reflector_last_resource_version")
         assert last_rv is not None
         assert last_rv >= int(cells.api.lists[1].resource_version)
