@@ -1,6 +1,8 @@
-"""What a pod LIST asks for and what a pod API answers, as frozen values.
+"""What a LIST asks for and what a pod API, or any object's, answers, as frozen values.
 Go: metav1 ``ListOptions``, core/v1 ``PodList`` and apimachinery ``watch.Event``.
 
+``PodListPage`` and ``PodWatchEvent`` are the pod case; ``ListPage`` and ``WatchEvent`` the same
+values for objects of any model (``objects``, ``object``), which the pod ones also answer to.
 ``PodWatchEvent.from_frame`` builds an event from a frame someone else has parsed already (a
 ``kubernetes_asyncio`` ``Watch`` frame, say); ``k8s_wire`` builds them from the bytes.
 """
@@ -8,12 +10,14 @@ Go: metav1 ``ListOptions``, core/v1 ``PodList`` and apimachinery ``watch.Event``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError, status_rejects_cursor
 from miles.utils.workers.reconcile.k8s_types import Pod, WatchFrame, validation_summary
+
+_O = TypeVar("_O")
 
 POD_EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
@@ -25,7 +29,8 @@ INITIAL_EVENTS_END_ANNOTATION = "k8s.io/initial-events-end"
 class ListOptions:
     """One LIST page's request. Go: metav1 ``ListOptions`` (``LabelSelector``, ``Limit``,
     ``Continue``, ``ResourceVersion`` with ``ResourceVersionMatch=NotOlderThan``), plus the
-    namespace, which Go's typed client is bound to (``Pods(namespace)``) and ours is not.
+    namespace, which Go's typed client is bound to (``Pods(namespace)``) and ours is not
+    (``""``: every namespace), and ``field_selector`` (metav1 ``FieldSelector``).
 
     At most ``limit`` pods (all if ``None``); ``continue_token`` asks for the page after the one
     that returned it (410 once expired, never combined with ``resource_version``). With
@@ -38,6 +43,7 @@ class ListOptions:
     limit: int | None = None
     continue_token: str | None = None
     resource_version: str | None = None
+    field_selector: str = ""
 
     def continued(self, continue_token: str) -> ListOptions:
         """The request for the page after the one that returned ``continue_token``."""
@@ -52,6 +58,27 @@ class PodListPage:
     pods: tuple[Pod, ...]
     resource_version: str
     continue_token: str | None = None
+
+    @property
+    def objects(self) -> tuple[Pod, ...]:
+        """``pods``, under ``ListPage``'s name."""
+        return self.pods
+
+    def joined(self, objects: list[Any], resource_version: str) -> PodListPage:
+        """A page of ``objects`` (pods) at ``resource_version``, as a pager joins pages."""
+        return PodListPage(tuple(objects), resource_version)
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage(Generic[_O]):
+    """One LIST response of any object model: ``PodListPage`` with ``objects`` for ``pods``."""
+
+    objects: tuple[_O, ...]
+    resource_version: str
+    continue_token: str | None = None
+
+    def joined(self, objects: list[_O], resource_version: str) -> ListPage[_O]:
+        return ListPage(tuple(objects), resource_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +96,11 @@ class PodWatchEvent:
     reason: str = ""
     initial_events_end: bool = False
     code: int | None = None
+
+    @property
+    def object(self) -> Pod | None:
+        """``pod``, under ``WatchEvent``'s name."""
+        return self.pod
 
     @classmethod
     def from_frame(cls, *, event_type: str, obj: Any) -> PodWatchEvent:
@@ -132,3 +164,29 @@ def _marks_initial_events_end(obj: Any) -> bool:
     return (
         isinstance(annotations, dict) and annotations.get(INITIAL_EVENTS_END_ANNOTATION) == "true"
     )
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent(Generic[_O]):
+    """One watch frame of any object model: ``PodWatchEvent`` with ``object`` for ``pod``."""
+
+    type: str
+    object: _O | None
+    resource_version: str | None
+    rejects_cursor: bool = False
+    reason: str = ""
+    initial_events_end: bool = False
+    code: int | None = None
+
+    @classmethod
+    def of(cls, event: PodWatchEvent) -> WatchEvent[Any]:
+        """A bookmark's or an ERROR frame's event (no object) as this class."""
+        return cls(
+            event.type,
+            None,
+            event.resource_version,
+            event.rejects_cursor,
+            event.reason,
+            event.initial_events_end,
+            event.code,
+        )

@@ -20,7 +20,7 @@ across a whole paged LIST.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import from_json
@@ -35,8 +35,10 @@ from miles.utils.workers.reconcile.k8s_types import (
 )
 from miles.utils.workers.reconcile.k8s_values import (
     POD_EVENT_TYPES,
+    ListPage,
     PodListPage,
     PodWatchEvent,
+    WatchEvent,
 )
 from miles.utils.workers.reconcile.managed_fields import validated_without_managed_fields
 
@@ -242,3 +244,158 @@ def decode_watch_read(lines: list[bytes], *, listing: bool) -> Iterator[PodWatch
         return
     for line in lines:
         yield decode_watch_line(line)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+class _NamedMeta(_Envelope):
+    name: Any = None
+    namespace: Any = None
+    resource_version: Any = Field(default=None, alias="resourceVersion")
+
+
+class ObjectDecoder(Generic[_M]):
+    """``decode_pod_list`` and ``decode_watch_line`` for any object model (``k8s_objects``): built
+    once per model and ``kind`` (which names an object in an error), it decodes LIST bodies and
+    watch lines straight from the bytes, managed fields cut, as the pod ones do. An object
+    without ``metadata.name`` does not decode: the name is the key it is stored by."""
+
+    def __init__(self, model: type[_M], *, kind: str) -> None:
+        self.model = model
+        self.kind = kind
+
+        class _List(_Envelope):
+            metadata: _ListMeta = Field(default_factory=_ListMeta)
+            items: list[model]  # type: ignore[valid-type]
+
+        class _Frame(_Envelope):
+            type: Literal["ADDED", "MODIFIED", "DELETED"]
+            object: model  # type: ignore[valid-type]
+
+        self._list = _List
+        self._frame: TypeAdapter[Any] = TypeAdapter(
+            Annotated[_Frame | _StatusFrame | _BookmarkFrame, Field(discriminator="type")]
+        )
+        self._frame_class = _Frame
+
+    def decode_list(self, body: bytes) -> tuple[ListPage[_M], list[FrameDecodeError]]:
+        """A LIST body as a page, plus one error per item that does not decode (left out)."""
+        with COLLECTOR.held():
+            try:
+                page = validated_without_managed_fields(self._list.model_validate_json, body)
+            except ValidationError:
+                return self._item_by_item(body)
+        items: list[_M] = page.items
+        if all(item.metadata.name for item in items):  # type: ignore[attr-defined]
+            return ListPage(
+                tuple(items), page.metadata.resource_version, page.metadata.continue_token or None
+            ), []
+        kept = [item for item in items if item.metadata.name]  # type: ignore[attr-defined]
+        rejects = [self._nameless(item) for item in items if not item.metadata.name]  # type: ignore[attr-defined]
+        return ListPage(
+            tuple(kept), page.metadata.resource_version, page.metadata.continue_token or None
+        ), rejects
+
+    def _nameless(self, obj: Any, event_type: str | None = None) -> FrameDecodeError:
+        meta = obj.metadata
+        return FrameDecodeError(
+            f"{self.kind} {meta.namespace or ''}/: metadata.name: absent (it is the object's key)",
+            name=None,
+            resource_version=meta.resource_version,
+            event_type=event_type,
+        )
+
+    def _item_by_item(self, body: bytes) -> tuple[ListPage[_M], list[FrameDecodeError]]:
+        try:
+            raw = _RawPodList.model_validate_json(body)
+        except ValidationError as err:
+            raise FrameDecodeError(
+                f"unreadable {self.kind} list: {validation_summary(err)}"
+            ) from None
+        kept: list[_M] = []
+        rejects: list[FrameDecodeError] = []
+        for item in raw.items or ():
+            try:
+                obj = self.model.model_validate(item)
+            except ValidationError as err:
+                rejects.append(self._invalid(item, err, None))
+                continue
+            if obj.metadata.name:  # type: ignore[attr-defined]
+                kept.append(obj)
+            else:
+                rejects.append(self._nameless(obj))
+        page = ListPage(
+            tuple(kept), raw.metadata.resource_version, raw.metadata.continue_token or None
+        )
+        return page, rejects
+
+    def _invalid(
+        self, item: Any, err: ValidationError, event_type: str | None, *, skip: int = 0
+    ) -> FrameDecodeError:
+        """An object that does not validate, named by kind, namespace/name and the fields."""
+        try:
+            meta = _NamedMeta.model_validate(item.get("metadata") if isinstance(item, dict) else {})
+        except ValidationError:
+            meta = _NamedMeta()
+        name = meta.name if isinstance(meta.name, str) else None
+        namespace = meta.namespace if isinstance(meta.namespace, str) else ""
+        rv = meta.resource_version if isinstance(meta.resource_version, str) else None
+        return FrameDecodeError(
+            f"{self.kind} {namespace}/{name or '?'} does not validate: "
+            f"{validation_summary(err, skip=skip)}",
+            name=name,
+            resource_version=rv,
+            event_type=event_type,
+        )
+
+    def decode_watch_line(self, line: bytes) -> WatchEvent[_M]:
+        """One watch line as an event; raises ``FrameDecodeError`` as ``decode_watch_line``."""
+        try:
+            frame = validated_without_managed_fields(self._frame.validate_json, line, most=1)
+        except ValidationError as err:
+            return self._rejected_line(line, err)
+        if isinstance(frame, self._frame_class):
+            obj: Any = frame.object
+            if not obj.metadata.name:
+                raise self._nameless(obj, frame.type)
+            return WatchEvent(frame.type, obj, obj.metadata.resource_version)
+        if isinstance(frame, _BookmarkFrame):
+            return WatchEvent.of(PodWatchEvent.from_frame(event_type="BOOKMARK", obj=frame.object))
+        return WatchEvent.of(PodWatchEvent.from_status(frame.object))
+
+    def _rejected_line(self, line: bytes, err: ValidationError) -> WatchEvent[_M]:
+        try:
+            frame = _AnyFrame.model_validate_json(line)
+        except ValidationError as envelope_err:
+            raise _unreadable(line, envelope_err) from None
+        if frame.type is None and isinstance(frame.code, int):
+            return WatchEvent.of(PodWatchEvent.from_status(WatchFrame.model_validate_json(line)))
+        if not isinstance(frame.type, str) or frame.type not in POD_EVENT_TYPES:
+            raise FrameDecodeError(
+                f"invalid watch event type {str(frame.type)[:40]!r}",
+                name=frame.object.metadata.name,
+            )
+        raw = from_json(line, allow_partial=True)
+        item = raw.get("object") if isinstance(raw, dict) else None
+        raise self._invalid(item, err, frame.type, skip=2)
+
+    def decode_watch_read(self, lines: list[bytes], *, listing: bool) -> Iterator[WatchEvent[_M]]:
+        """``decode_watch_read`` for this model."""
+        decode = self.decode_watch_line
+        if listing:
+            events: list[WatchEvent[_M]] = []
+            failure: FrameDecodeError | None = None
+            with COLLECTOR.held():
+                for line in lines:
+                    try:
+                        events.append(decode(line))
+                    except FrameDecodeError as err:
+                        failure = err
+                        break
+            yield from events
+            if failure is not None:
+                raise failure
+            return
+        for line in lines:
+            yield decode(line)

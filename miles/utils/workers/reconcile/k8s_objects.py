@@ -1,0 +1,79 @@
+"""Any Kubernetes object, typed by the user's pydantic model or dynamic where none exists.
+Go: apimachinery ``metav1.Object`` + ``unstructured.Unstructured`` (kube-rs ``DynamicObject``,
+``PartialObjectMetadata``).
+
+A model the reflector can hold is any pydantic model with an object ``metadata`` carrying ``name``
+(and ``namespace`` for a namespaced resource): ``KubernetesObject`` is a ready base for one, in
+``k8s_types``' style (partial, frozen, ``extra="ignore"``, both wire spellings, absent is empty),
+its ``metadata`` an ``ObjectMeta``. ``DynamicObject`` types ``apiVersion``, ``kind`` and
+``metadata`` and keeps every other top-level field as parsed JSON, read through ``data`` (a
+read-only view) or ``obj["spec"]``. ``PartialObjectMetadata`` holds the metadata alone.
+
+All three validate straight from bytes (``model_validate_json``), as ``Pod`` does; the wire
+decoders (``k8s_wire.ObjectDecoder``) cut ``managedFields`` out first, which no model holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from miles.utils.workers.reconcile.k8s_types import ObjectMeta, OrEmpty
+
+__all__ = [
+    "DynamicObject",
+    "KubernetesObject",
+    "ObjectMeta",
+    "ObjectModel",
+    "PartialObjectMetadata",
+]
+
+
+ObjectModel = TypeVar("ObjectModel", bound=BaseModel)
+"""The model a transport decodes into and a reflector stores: any pydantic model whose
+``metadata`` has ``name`` and ``namespace`` (``KubernetesObject``, ``DynamicObject``, ``Pod``)."""
+
+
+def _api_version() -> Any:
+    return Field(default=None, validation_alias=AliasChoices("api_version", "apiVersion"))
+
+
+class KubernetesObject(BaseModel):
+    """A base for the user's model of one kind: ``api_version``, ``kind`` and ``metadata`` (an
+    ``ObjectMeta``, empty when absent); a subclass adds ``spec``, ``status`` or whatever it reads,
+    each field in the same style (``Lenient``/``OrEmpty`` from ``k8s_types`` where a bad value
+    should read as absent)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", from_attributes=True)
+
+    api_version: str | None = _api_version()
+    kind: str | None = None
+    metadata: OrEmpty[ObjectMeta] = Field(default_factory=ObjectMeta)
+
+
+class PartialObjectMetadata(KubernetesObject):
+    """An object's metadata alone (metav1 ``PartialObjectMetadata``): every other field of the
+    object is ignored when it is read."""
+
+
+class DynamicObject(KubernetesObject):
+    """An object of any kind without a model (kube-rs ``DynamicObject``): ``api_version``, ``kind``
+    and ``metadata`` typed, every other top-level field (``spec``, ``status``, ``data``...) kept
+    as the JSON parsed, read through ``obj["spec"]``, ``obj.get("status")`` or the read-only
+    mapping ``obj.data``. The values are shared with the cache: read them, never change them."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", from_attributes=False)
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        """Every top-level field but ``apiVersion``, ``kind`` and ``metadata``, read-only."""
+        return MappingProxyType(self.__pydantic_extra__ or {})
+
+    def __getitem__(self, key: str) -> Any:
+        return (self.__pydantic_extra__ or {})[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return (self.__pydantic_extra__ or {}).get(key, default)
