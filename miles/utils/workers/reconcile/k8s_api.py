@@ -30,7 +30,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
 
 from miles.utils.workers.reconcile.arguments import optional_period, positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock
@@ -47,21 +49,32 @@ from miles.utils.workers.reconcile.k8s_errors import (
 from miles.utils.workers.reconcile.k8s_framing import ByteStream, iter_line_batches
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, UndecodedPodPage
 from miles.utils.workers.reconcile.k8s_transport import RawResponse
-from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import (
+    ListOptions,
+    ListPage,
+    PodListPage,
+    PodWatchEvent,
+    WatchEvent,
+)
 from miles.utils.workers.reconcile.k8s_watch_health import WatchHealthCheck
 from miles.utils.workers.reconcile.k8s_wire import (
+    ObjectDecoder,
     decode_pod_list,
     decode_status,
     decode_watch_read,
     list_head_complete,
     peek_continue_token,
 )
+from miles.utils.workers.reconcile.resource import Resource
+
+_M = TypeVar("_M", bound=BaseModel)
 
 __all__ = [
     "WATCH_IDLE_TIMEOUT",
     "WATCH_PROBE_AFTER",
     "KubernetesAsyncioLeaseApi",
     "KubernetesAsyncioPodApi",
+    "KubernetesAsyncioResourceApi",
     "KubernetesAsyncioTransport",
     "KubernetesPodApi",
     "PodListPage",
@@ -89,9 +102,176 @@ watch whose apiserver cannot be reached ends 45 s after its last byte, as client
 _ERROR_BODY_BYTES = 64 * 2**10
 
 
-class KubernetesAsyncioPodApi:
+class _ListWatchApi:
+    """LIST, paged LIST, WATCH, streaming list and the watch probe of one collection, over
+    ``kubernetes_asyncio``'s transport: the pod API and the resource API differ only in how a
+    request is made (``_get``) and how its bytes decode (``_decode_list``, ``_decode_read``),
+    both bound once at construction."""
+
+    _noun: str
+    _auth: Any
+
+    _noun = "pod"
+
+    def _configure(
+        self,
+        *,
+        connect_timeout: float,
+        list_read_timeout: float,
+        watch_read_margin: float,
+        watch_idle_timeout: float | None,
+        watch_probe_after: float | None,
+        clock: Clock | None,
+    ) -> None:
+        self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
+        self._list_read_timeout = positive_finite("list_read_timeout", list_read_timeout)
+        self._watch_read_margin = positive_finite("watch_read_margin", watch_read_margin)
+        self._watch_idle_timeout = (
+            None
+            if watch_idle_timeout is None
+            else positive_finite("watch_idle_timeout", watch_idle_timeout)
+        )
+        self._watch_probe_after = optional_period("watch_probe_after", watch_probe_after)
+        self._clock = clock or RealClock()
+        self._read_idle_deadline = self._watch_idle_timeout or (
+            WATCH_IDLE_TIMEOUT if self._watch_probe_after is None else None
+        )
+
+    def _get(self, namespace: str, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def _decode_list(self, body: bytes) -> tuple[Any, list[FrameDecodeError]]:
+        return decode_pod_list(body)
+
+    def _decode_read(self, lines: list[bytes], *, listing: bool = False) -> Iterator[Any]:
+        return decode_watch_read(lines, listing=listing)
+
+    async def _read_list(
+        self, options: ListOptions, on_head: Callable[[str | None], object] | None = None
+    ) -> bytes:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(
+            connect=self._connect_timeout,
+            sock_connect=self._connect_timeout,
+            sock_read=self._list_read_timeout,
+        )
+        with _translated(f"{self._noun} LIST"):
+            resp = await self._get(
+                options.namespace,
+                label_selector=options.label_selector,
+                _preload_content=False,
+                _request_timeout=timeout,
+                **_list_query(options),
+            )
+            try:
+                await _raise_for_status(resp, self._auth)
+                with _failing_when_cut_off(resp):
+                    if on_head is None:
+                        body: bytes = await resp.read()
+                    else:
+                        body = await _read_announcing_head(resp.content, on_head)
+            finally:
+                resp.release()
+        return body
+
+    async def _watch(
+        self, namespace: str, *, timeout_seconds: int, **options: Any
+    ) -> AsyncIterator[Any]:
+        with _translated(f"{self._noun} watch"):
+            resp = await self._open_watch(
+                namespace, timeout_seconds, timeout_seconds + self._watch_read_margin, **options
+            )
+            try:
+                await _raise_for_status(resp, self._auth)
+                listing = bool(options.get("send_initial_events"))
+                cursor = None if listing else options.get("resource_version")
+                async with self._checked(resp, namespace, options, cursor) as (content, health):
+                    lines = iter_line_batches(content, idle_timeout=self._read_idle_deadline)
+                    decode = self._decode_read
+                    with _failing_when_cut_off(resp):
+                        async with aclosing(lines):
+                            async for batch in lines:
+                                for event in decode(batch, listing=listing):
+                                    listing = listing and not event.initial_events_end
+                                    if health and not listing and event.resource_version:
+                                        health.cursor = event.resource_version
+                                    yield event
+            finally:
+                resp.close()
+
+    async def _open_watch(
+        self, namespace: str, timeout_seconds: int, deadline: float, **options: Any
+    ) -> Any:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(
+            total=deadline, connect=self._connect_timeout, sock_connect=self._connect_timeout
+        )
+        return await self._get(
+            namespace,
+            watch=True,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            _preload_content=False,
+            _request_timeout=timeout,
+            **options,
+        )
+
+    @asynccontextmanager
+    async def _checked(
+        self, resp: Any, namespace: str, options: Mapping[str, Any], cursor: str | None
+    ) -> AsyncIterator[tuple[ByteStream, WatchHealthCheck | None]]:
+        """The watch's body under a health check, or as it is when probing is off."""
+        if self._watch_probe_after is None:
+            yield resp.content, None
+            return
+        selectors = {
+            key: options[key] for key in ("label_selector", "field_selector") if key in options
+        }
+
+        async def probe(from_cursor: str) -> str | None:
+            return await self._probe(namespace, from_cursor, **selectors)
+
+        health = WatchHealthCheck(
+            resp.content,
+            probe=probe,
+            probe_after=self._watch_probe_after,
+            backstop=WATCH_IDLE_TIMEOUT,
+            cursor=cursor,
+            server=_server_of(resp),
+            clock=self._clock,
+        )
+        async with health:
+            yield health, health
+
+    async def _probe(self, namespace: str, cursor: str, **selectors: str) -> str | None:
+        """The resourceVersion of the first event after ``cursor``, from a short watch on
+        another connection, or ``None`` if there was none (``k8s_watch_health.Probe``)."""
+        with _translated(f"{self._noun} watch probe"):
+            resp = await self._open_watch(
+                namespace,
+                PROBE_TIMEOUT_SECONDS,
+                PROBE_DEADLINE,
+                resource_version=cursor,
+                **selectors,
+            )
+            try:
+                await _raise_for_status(resp, self._auth)
+                with _failing_when_cut_off(resp):
+                    async with aclosing(iter_line_batches(resp.content)) as lines:
+                        async for batch in lines:
+                            if (missed := _first_event(self._decode_read(batch))) is not None:
+                                return missed
+            finally:
+                resp.close()
+        return None
+
+
+class KubernetesAsyncioPodApi(_ListWatchApi):
     """``KubernetesPodApi`` and its three capabilities over a ``kubernetes_asyncio``
-    ``CoreV1Api``.
+    ``CoreV1Api``: the pod case of ``KubernetesAsyncioResourceApi`` (the same transport, through
+    the typed ``list_namespaced_pod``), under the contract's method names.
 
     Every request carries a client-side deadline, because ``kubernetes_asyncio`` sends none by
     default and a half-open HTTP/1.1 socket then hangs forever: every watch ends at most
@@ -118,20 +298,18 @@ class KubernetesAsyncioPodApi:
         watch_probe_after: float | None = WATCH_PROBE_AFTER,
         clock: Clock | None = None,
     ) -> None:
-        self._core = core_v1_api
-        self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
-        self._list_read_timeout = positive_finite("list_read_timeout", list_read_timeout)
-        self._watch_read_margin = positive_finite("watch_read_margin", watch_read_margin)
-        self._watch_idle_timeout = (
-            None
-            if watch_idle_timeout is None
-            else positive_finite("watch_idle_timeout", watch_idle_timeout)
+        self._core = self._auth = core_v1_api
+        self._configure(
+            connect_timeout=connect_timeout,
+            list_read_timeout=list_read_timeout,
+            watch_read_margin=watch_read_margin,
+            watch_idle_timeout=watch_idle_timeout,
+            watch_probe_after=watch_probe_after,
+            clock=clock,
         )
-        self._watch_probe_after = optional_period("watch_probe_after", watch_probe_after)
-        self._clock = clock or RealClock()
-        self._read_idle_deadline = self._watch_idle_timeout or (
-            WATCH_IDLE_TIMEOUT if self._watch_probe_after is None else None
-        )
+
+    def _get(self, namespace: str, **options: Any) -> Any:
+        return self._core.list_namespaced_pod(namespace, **options)
 
     async def list_pods(
         self,
@@ -148,41 +326,13 @@ class KubernetesAsyncioPodApi:
         )
 
     async def list_pod_page(self, options: ListOptions) -> PodListPage:
-        return _UndecodedPage(await self._read_list(options)).decode()
+        page: PodListPage = _UndecodedPage(await self._read_list(options), self).decode()
+        return page
 
     async def read_pod_page(
         self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
     ) -> UndecodedPodPage:
-        return _UndecodedPage(await self._read_list(options, on_head))
-
-    async def _read_list(
-        self, options: ListOptions, on_head: Callable[[str | None], object] | None = None
-    ) -> bytes:
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(
-            connect=self._connect_timeout,
-            sock_connect=self._connect_timeout,
-            sock_read=self._list_read_timeout,
-        )
-        with _translated("pod LIST"):
-            resp = await self._core.list_namespaced_pod(
-                options.namespace,
-                label_selector=options.label_selector,
-                _preload_content=False,
-                _request_timeout=timeout,
-                **_list_query(options),
-            )
-            try:
-                await _raise_for_status(resp, self._core)
-                with _failing_when_cut_off(resp):
-                    if on_head is None:
-                        body: bytes = await resp.read()
-                    else:
-                        body = await _read_announcing_head(resp.content, on_head)
-            finally:
-                resp.release()
-        return body
+        return _UndecodedPage(await self._read_list(options, on_head), self)
 
     def stream_pods(
         self,
@@ -210,104 +360,161 @@ class KubernetesAsyncioPodApi:
             timeout_seconds=timeout_seconds,
         )
 
-    async def _watch(
-        self, namespace: str, *, timeout_seconds: int, **options: Any
-    ) -> AsyncIterator[PodWatchEvent]:
-        with _translated("pod watch"):
-            resp = await self._open_watch(
-                namespace, timeout_seconds, timeout_seconds + self._watch_read_margin, **options
-            )
-            try:
-                await _raise_for_status(resp, self._core)
-                listing = bool(options.get("send_initial_events"))
-                cursor = None if listing else options.get("resource_version")
-                async with self._checked(resp, namespace, options, cursor) as (content, health):
-                    lines = iter_line_batches(content, idle_timeout=self._read_idle_deadline)
-                    with _failing_when_cut_off(resp):
-                        async with aclosing(lines):
-                            async for batch in lines:
-                                for event in decode_watch_read(batch, listing=listing):
-                                    listing = listing and not event.initial_events_end
-                                    if health and not listing and event.resource_version:
-                                        health.cursor = event.resource_version
-                                    yield event
-            finally:
-                resp.close()
 
-    async def _open_watch(
-        self, namespace: str, timeout_seconds: int, deadline: float, **options: Any
-    ) -> Any:
-        import aiohttp
+class KubernetesAsyncioResourceApi(_ListWatchApi, Generic[_M]):
+    """LIST, paged LIST, WATCH, streaming list and the cursor probe of any ``resource`` at the path
+    the apiserver serves it (``/api/v1/...``, ``/apis/GROUP/VERSION/...``), its objects decoded
+    into ``model`` (``k8s_objects``: the user's model, ``DynamicObject``,
+    ``PartialObjectMetadata``) straight from the bytes. Go: ``dynamic.ResourceInterface``
+    (kube-rs ``Api<K>``).
 
-        timeout = aiohttp.ClientTimeout(
-            total=deadline, connect=self._connect_timeout, sock_connect=self._connect_timeout
+    A namespace of ``""`` lists and watches every namespace; a cluster-scoped resource takes
+    ``""`` only. Selectors are ``ListOptions``'s (label and field). Deadlines, the watch probe and
+    every error are ``KubernetesAsyncioPodApi``'s, whose timeouts it takes; ``api_client`` is a
+    ``kubernetes_asyncio`` ``ApiClient`` (a ``CoreV1Api``'s ``api_client``, say).
+    """
+
+    def __init__(
+        self,
+        *,
+        api_client: Any,
+        resource: Resource,
+        model: type[_M],
+        connect_timeout: float = 10.0,
+        list_read_timeout: float = 75.0,
+        watch_read_margin: float = 10.0,
+        watch_idle_timeout: float | None = None,
+        watch_probe_after: float | None = WATCH_PROBE_AFTER,
+        clock: Clock | None = None,
+    ) -> None:
+        self.api_client = api_client
+        self._auth = self
+        self.resource = resource
+        self._noun = resource.kind
+        self._decoder = ObjectDecoder(model, kind=resource.kind)
+        self._decode_list = self._decoder.decode_list  # type: ignore[method-assign]
+        self._decode_read = self._decoder.decode_watch_read  # type: ignore[method-assign]
+        self._configure(
+            connect_timeout=connect_timeout,
+            list_read_timeout=list_read_timeout,
+            watch_read_margin=watch_read_margin,
+            watch_idle_timeout=watch_idle_timeout,
+            watch_probe_after=watch_probe_after,
+            clock=clock,
         )
-        return await self._core.list_namespaced_pod(
+
+    @classmethod
+    def beside(
+        cls, core_v1_api: Any, *, resource: Resource, model: type[_M], **timeouts: Any
+    ) -> KubernetesAsyncioResourceApi[_M]:
+        """On the same ``ApiClient`` (connection pool and credentials) as ``core_v1_api``."""
+        return cls(api_client=core_v1_api.api_client, resource=resource, model=model, **timeouts)
+
+    def _get(self, namespace: str, **options: Any) -> Any:
+        if namespace and not self.resource.namespaced:
+            raise KubernetesApiError(
+                400, "BadRequest", f"{self.resource.group_resource} is cluster-scoped: no namespace"
+            )
+        request = {k: options.pop(k) for k in ("_preload_content", "_request_timeout")}
+        return self.api_client.call_api(
+            self.resource.path(namespace=namespace or None),
+            "GET",
+            query_params=_query_params(options),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            **request,
+        )
+
+    async def list_objects(
+        self, *, namespace: str = "", label_selector: str = "", field_selector: str = ""
+    ) -> ListPage[_M]:
+        """A consistent LIST (resourceVersion unset) of every object the selectors match."""
+        return await self.list_page(
+            ListOptions(namespace, label_selector, field_selector=field_selector)
+        )
+
+    async def list_page(self, options: ListOptions) -> ListPage[_M]:
+        """One page of a LIST, as ``options`` asks (pages and the cursor probe)."""
+        page: ListPage[_M] = _UndecodedPage(await self._read_list(options), self).decode()
+        return page
+
+    async def read_page(
+        self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
+    ) -> UndecodedPodPage:
+        """As ``list_page``, but the body is decoded by the returned page's ``decode()``."""
+        return _UndecodedPage(await self._read_list(options, on_head), self)
+
+    def stream(
+        self,
+        *,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[WatchEvent[_M]]:
+        """Watch from ``resource_version``; always asks for bookmarks and sends the timeout."""
+        return self._watch(
             namespace,
-            watch=True,
-            allow_watch_bookmarks=True,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            resource_version=resource_version,
             timeout_seconds=timeout_seconds,
-            _preload_content=False,
-            _request_timeout=timeout,
-            **options,
         )
 
-    @asynccontextmanager
-    async def _checked(
-        self, resp: Any, namespace: str, options: Mapping[str, Any], cursor: str | None
-    ) -> AsyncIterator[tuple[ByteStream, WatchHealthCheck | None]]:
-        """The watch's body under a health check, or as it is when probing is off."""
-        if self._watch_probe_after is None:
-            yield resp.content, None
-            return
-        selector = options.get("label_selector", "")
-
-        async def probe(from_cursor: str) -> str | None:
-            return await self._probe(namespace, selector, from_cursor)
-
-        health = WatchHealthCheck(
-            resp.content,
-            probe=probe,
-            probe_after=self._watch_probe_after,
-            backstop=WATCH_IDLE_TIMEOUT,
-            cursor=cursor,
-            server=_server_of(resp),
-            clock=self._clock,
+    def stream_list(
+        self,
+        *,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout_seconds: int,
+    ) -> AsyncIterator[WatchEvent[_M]]:
+        """A streaming list: an ADDED event per object, the initial-events-end BOOKMARK, then the
+        watch goes on."""
+        return self._watch(
+            namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            send_initial_events=True,
+            resource_version_match="NotOlderThan",
+            timeout_seconds=timeout_seconds,
         )
-        async with health:
-            yield health, health
-
-    async def _probe(self, namespace: str, label_selector: str, cursor: str) -> str | None:
-        """The resourceVersion of the first pod event after ``cursor``, from a short watch on
-        another connection, or ``None`` if there was none (``k8s_watch_health.Probe``)."""
-        with _translated("pod watch probe"):
-            resp = await self._open_watch(
-                namespace,
-                PROBE_TIMEOUT_SECONDS,
-                PROBE_DEADLINE,
-                label_selector=label_selector,
-                resource_version=cursor,
-            )
-            try:
-                await _raise_for_status(resp, self._core)
-                with _failing_when_cut_off(resp):
-                    async with aclosing(iter_line_batches(resp.content)) as lines:
-                        async for batch in lines:
-                            if (missed := _first_event(batch)) is not None:
-                                return missed
-            finally:
-                resp.close()
-        return None
 
 
-def _first_event(batch: list[bytes]) -> str | None:
-    """The resourceVersion of the first pod event in a probe's ``batch``; an unreadable frame is
-    an event too. Raises ``KubernetesApiError`` for an ERROR frame (410 Expired: undecided)."""
+_QUERY_NAMES = {
+    "label_selector": "labelSelector",
+    "field_selector": "fieldSelector",
+    "resource_version": "resourceVersion",
+    "resource_version_match": "resourceVersionMatch",
+    "_continue": "continue",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "send_initial_events": "sendInitialEvents",
+    "timeout_seconds": "timeoutSeconds",
+}
+
+
+def _query_params(options: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A LIST's or a watch's keyword arguments (``list_namespaced_pod``'s names) as the query the
+    apiserver reads; empty selectors are left out."""
+    query: list[tuple[str, str]] = []
+    for key, value in options.items():
+        if value is None or value == "":
+            continue
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        query.append((_QUERY_NAMES.get(key, key), text))
+    return query
+
+
+def _first_event(events: Iterator[Any]) -> str | None:
+    """The resourceVersion of the first object event of a probe's decoded batch; an unreadable
+    frame is an event too. Raises ``KubernetesApiError`` for an ERROR frame (410 Expired:
+    undecided)."""
     try:
-        for event in decode_watch_read(batch, listing=False):
+        for event in events:
             if event.type == "ERROR":
                 raise KubernetesApiError(event.code or 500, "ERROR frame", event.reason)
-            if event.pod is not None:
+            if event.object is not None:
                 return event.resource_version or "?"
     except FrameDecodeError as err:
         return err.resource_version or "?"
@@ -330,6 +537,8 @@ def _list_query(options: ListOptions) -> dict[str, Any]:
         query.update(limit=options.limit)
     if options.continue_token is not None:
         query.update(_continue=options.continue_token)
+    if options.field_selector:
+        query.update(field_selector=options.field_selector)
     return query
 
 
@@ -350,19 +559,23 @@ async def _read_announcing_head(content: Any, on_head: Callable[[str | None], ob
 
 
 class _UndecodedPage:
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, api: _ListWatchApi) -> None:
         self._body = body
+        self._api = api
 
     @property
     def continue_hint(self) -> str | None:
         # Read on demand: the pager takes its hint from `on_head`, and every page went through this.
         return peek_continue_token(self._body)
 
-    def decode(self) -> PodListPage:
-        page, rejects = decode_pod_list(self._body)
+    def decode(self) -> Any:
+        noun = self._api._noun
+        page, rejects = self._api._decode_list(self._body)
         for reject in rejects:
             logger.error(
-                "pod left out of LIST: pod=%s resourceVersion=%s reason=%s",
+                "%s left out of LIST: %s=%s resourceVersion=%s reason=%s",
+                noun,
+                noun,
                 reject.name,
                 reject.resource_version,
                 reject.reason,

@@ -14,9 +14,15 @@ that first streams the current pods, ending at the ``k8s.io/initial-events-end``
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import (
+    ListOptions,
+    ListPage,
+    PodListPage,
+    PodWatchEvent,
+    WatchEvent,
+)
 
 
 class KubernetesPodApi(Protocol):
@@ -54,7 +60,9 @@ class UndecodedPodPage(Protocol):
     @property
     def continue_hint(self) -> str | None: ...
 
-    def decode(self) -> PodListPage: ...
+    def decode(self) -> Any:
+        """A ``PodListPage`` from a pod API, a ``ListPage`` from a ``ResourceApi``."""
+        ...
 
 
 @runtime_checkable
@@ -84,3 +92,30 @@ class StreamingListPodApi(Protocol):
         """An ADDED event per pod of a consistent snapshot, then a BOOKMARK with
         ``initial_events_end``, then the watch goes on from there as ``stream_pods`` does."""
         ...
+
+
+@runtime_checkable
+class ResourceApi(Protocol):
+    """What the reflector asks of an API over any resource (``k8s_api.KubernetesAsyncioResourceApi``
+    is one): a page of a LIST (the whole LIST, pages and the probe), a page read now and decoded
+    later, a watch and a streaming list, each for one namespace (``""``: all) and selectors."""
+
+    async def list_page(self, options: ListOptions) -> ListPage[Any]: ...
+
+    async def read_page(
+        self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
+    ) -> UndecodedPodPage: ...
+
+    def stream(
+        self,
+        *,
+        namespace: str,
+        label_selector: str,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+    ) -> AsyncIterator[WatchEvent[Any]]: ...
+
+    def stream_list(
+        self, *, namespace: str, label_selector: str, field_selector: str, timeout_seconds: int
+    ) -> AsyncIterator[WatchEvent[Any]]: ...

@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, overload
 
 from miles.utils.workers.reconcile.k8s_errors import exception_rejects_cursor
 from miles.utils.workers.reconcile.k8s_interfaces import (
     PagedPodApi,
     PrefetchPagedPodApi,
+    ResourceApi,
     UndecodedPodPage,
 )
-from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage
+from miles.utils.workers.reconcile.k8s_values import ListOptions, ListPage, PodListPage
 from miles.utils.workers.reconcile.list_memory import listing
 from miles.utils.workers.reconcile.log import one_line
 from miles.utils.workers.reconcile.tasks import first_of
@@ -52,57 +53,89 @@ class _ContinueExpired(Exception):
         self.cause = cause
 
 
+@overload
+async def list_in_pages(
+    api: ResourceApi,
+    options: ListOptions,
+    *,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    page_size: int = LIST_PAGE_SIZE,
+) -> ListPage[Any]: ...
+
+
+@overload
 async def list_in_pages(
     api: PagedPodApi,
     options: ListOptions,
     *,
     log: logging.Logger | logging.LoggerAdapter[Any],
     page_size: int = LIST_PAGE_SIZE,
-) -> PodListPage:
-    """Every pod of one consistent LIST as one page; raises what the LIST raised otherwise.
-    ``options`` without a ``limit`` is paged by ``page_size``, as Go's pager sets ``PageSize``."""
+) -> PodListPage: ...
+
+
+async def list_in_pages(
+    api: PagedPodApi | ResourceApi,
+    options: ListOptions,
+    *,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+    page_size: int = LIST_PAGE_SIZE,
+) -> Any:
+    """Every object of one consistent LIST as one page (a ``PodListPage`` from a pod API, a
+    ``ListPage`` from a ``ResourceApi``); raises what the LIST raised otherwise. ``options``
+    without a ``limit`` is paged by ``page_size``, as Go's pager sets ``PageSize``."""
     if options.limit is None:
         options = replace(options, limit=page_size)
     with listing():
-        return await _list(api, options, log=log)
+        if isinstance(api, ResourceApi):
+            return await _list(api.list_page, api.read_page, options, log=log)
+        read = api.read_pod_page if isinstance(api, PrefetchPagedPodApi) else None
+        return await _list(api.list_pod_page, read, options, log=log)
+
+
+_ListPage = Callable[[ListOptions], Awaitable[Any]]
+_ReadPage = Callable[..., Coroutine[Any, Any, UndecodedPodPage]]
 
 
 async def _list(
-    api: PagedPodApi, options: ListOptions, *, log: logging.Logger | logging.LoggerAdapter[Any]
-) -> PodListPage:
+    list_page: _ListPage,
+    read_page: _ReadPage | None,
+    options: ListOptions,
+    *,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+) -> Any:
     for attempt in range(1, PAGED_ATTEMPTS + 1):
         try:
-            if isinstance(api, PrefetchPagedPodApi):
-                return await _prefetched(api, options)
-            return await _paged(api, options)
+            if read_page is not None:
+                return await _prefetched(read_page, options)
+            return await _paged(list_page, options)
         except _ContinueExpired as expired:
             log.warning(
-                "pod LIST continue token expired after %d pods (%s), %s",
+                "LIST continue token expired after %d pods (%s), %s",
                 expired.pods_read,
                 one_line(expired.cause),
                 "relisting from the first page"
                 if attempt < PAGED_ATTEMPTS
                 else "falling back to one unpaged LIST",
             )
-    return await api.list_pod_page(replace(options, limit=None))
+    return await list_page(replace(options, limit=None))
 
 
-async def _paged(api: PagedPodApi, options: ListOptions) -> PodListPage:
+async def _paged(list_page: _ListPage, options: ListOptions) -> Any:
     pods: list[Any] = []
-    page = await api.list_pod_page(options)
+    page = await list_page(options)
     while True:
-        pods.extend(page.pods)
+        pods.extend(page.objects)
         if not page.continue_token:
-            return PodListPage(tuple(pods), page.resource_version)
+            return page.joined(pods, page.resource_version)
         with _continuation(len(pods)):
-            page = await api.list_pod_page(options.continued(page.continue_token))
+            page = await list_page(options.continued(page.continue_token))
 
 
-async def _prefetched(api: PrefetchPagedPodApi, options: ListOptions) -> PodListPage:
+async def _prefetched(read_page: _ReadPage, options: ListOptions) -> Any:
     def read(token: str | None) -> _Read:
         head: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         asked = options if token is None else options.continued(token)
-        task = asyncio.create_task(api.read_pod_page(asked, on_head=partial(_resolve, head)))
+        task = asyncio.create_task(read_page(asked, on_head=partial(_resolve, head)))
         return _Read(token, task, head)
 
     pods: list[Any] = []
@@ -117,9 +150,9 @@ async def _prefetched(api: PrefetchPagedPodApi, options: ListOptions) -> PodList
                 await ahead.head_or_none()
             page = undecoded.decode()
             del undecoded
-            pods.extend(page.pods)
+            pods.extend(page.objects)
             if not page.continue_token:
-                return PodListPage(tuple(pods), page.resource_version)
+                return page.joined(pods, page.resource_version)
             if ahead is None or hint != page.continue_token:
                 if ahead is not None:
                     await ahead.discard()

@@ -60,9 +60,10 @@ from __future__ import annotations
 import enum
 import logging
 import random
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from miles.utils.workers.reconcile.arguments import positive_finite, positive_whole
@@ -80,12 +81,13 @@ from miles.utils.workers.reconcile.k8s_errors import (
 from miles.utils.workers.reconcile.k8s_interfaces import (
     KubernetesPodApi,
     PagedPodApi,
+    ResourceApi,
     StreamingListPodApi,
 )
 from miles.utils.workers.reconcile.k8s_pager import LIST_PAGE_SIZE, list_in_pages
-from miles.utils.workers.reconcile.k8s_types import Pod
-from miles.utils.workers.reconcile.k8s_values import ListOptions, PodWatchEvent
+from miles.utils.workers.reconcile.k8s_values import ListOptions, PodWatchEvent, WatchEvent
 from miles.utils.workers.reconcile.log import NamedLogger, default_loop_name, one_line
+from miles.utils.workers.reconcile.resource import PODS, Resource
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,
@@ -121,6 +123,12 @@ BOOKMARK_INTERVAL_SECONDS = 60.0
 (``defaultBookmarkFrequency``, apiserver ``storage/cacher``)."""
 SUSPECT_AFTER_SECONDS = 2 * BOOKMARK_INTERVAL_SECONDS
 """A watch that has delivered no frame for this long, nor been re-opened, is reported suspect."""
+NOT_SERVED_RETRY_SECONDS = 10.0
+"""How often a listing the server refused as not served (404: a CRD not installed, a typo in the
+group) or forbidden (403: RBAC) is tried again: controller-runtime's ``Kind`` source polls
+``GetInformer`` every 10 s (``pkg/internal/source/kind.go``), so a CRD installed meanwhile is
+picked up within that."""
+_NOT_SERVED = {404: "not served", 403: "forbidden"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +269,8 @@ def _relist_reason(err: BaseException) -> str:
 class _Caps:
     streams: bool
     probes: bool
+    noun: str = "pod"
+    resource: str = 'pods (group "", version v1)'
 
     def listing(self, relist_reason: str | None = None) -> _Listing | _StreamListing:
         return _StreamListing(relist_reason) if self.streams else _Listing(relist_reason)
@@ -297,6 +307,7 @@ class _Decision:
     what: str | None = None
     level: int = logging.WARNING
     relist: str | None = None
+    fixed_delay: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +337,8 @@ def _transition(
     effects = (decision.what, decision.level, decision.relist, error)
     if not decision.backoff:
         return _Step(decision.then, replace(pacing, retries_after=0), *effects)
+    if decision.fixed_delay is not None:
+        return _Step(_BackingOff(decision.then, decision.fixed_delay), pacing, *effects)
     delay, paced = pacing.wait(decision.retry_after, now, draw)
     return _Step(_BackingOff(decision.then, delay), paced, *effects)
 
@@ -348,7 +361,7 @@ def _decide(
     rewatch = _rewatch(outcome.cursor, caps)
     if outcome.frames == 0 and outcome.lasted < VERY_SHORT_WATCH_SECONDS:
         what = (
-            f"very short pod watch: closed after {outcome.lasted:.3f}s with no frame, "
+            f"very short {caps.noun} watch: closed after {outcome.lasted:.3f}s with no frame, "
             f"resourceVersion={outcome.cursor}"
         )
         return _backoff(rewatch, what, None)
@@ -357,8 +370,12 @@ def _decide(
 
 def _after_failure(state: _Active, outcome: _Failed, caps: _Caps) -> _Decision:
     err = outcome.error
+    if isinstance(state, _Listing | _StreamListing) and (refusal := _not_served(err, caps)):
+        return _Decision(
+            state, True, what=refusal, level=logging.ERROR, fixed_delay=NOT_SERVED_RETRY_SECONDS
+        )
     if isinstance(state, _Listing):
-        what = f"pod LIST failed: {one_line(err)}"
+        what = f"{caps.noun} LIST failed: {one_line(err)}"
         return _backoff(caps.listing(state.relist_reason), what, err)
     if isinstance(state, _StreamListing):
         what = f"streaming list failed: {one_line(err)}"
@@ -368,6 +385,17 @@ def _after_failure(state: _Active, outcome: _Failed, caps: _Caps) -> _Decision:
     if isinstance(state, _Probing):
         return _after_failed_probe(state, err, caps)
     return _after_failed_watch(state, outcome, caps)
+
+
+def _not_served(err: BaseException, caps: _Caps) -> str | None:
+    """The line for a listing refused as not served (404) or forbidden (403), else ``None``."""
+    code = err.frame.code if isinstance(err, WatchErrorFrame) else getattr(err, "code", None)
+    if code not in _NOT_SERVED:
+        return None
+    return (
+        f"list {caps.resource}: {_NOT_SERVED[code]}: {one_line(err)}"
+        " (a CRD not installed yet, a typo in the group, or RBAC)"
+    )
 
 
 def _after_failed_probe(state: _Probing, err: BaseException, caps: _Caps) -> _Decision:
@@ -385,7 +413,7 @@ def _after_failed_probe(state: _Probing, err: BaseException, caps: _Caps) -> _De
 def _after_failed_watch(state: _Watching, outcome: _Failed, caps: _Caps) -> _Decision:
     err = outcome.error
     verdict = _verdict(err)
-    what = f"pod watch from resourceVersion={state.cursor} failed: {one_line(err)}"
+    what = f"{caps.noun} watch from resourceVersion={state.cursor} failed: {one_line(err)}"
     rewatch = _rewatch(outcome.cursor, caps)
     if verdict is _Verdict.KEEPS_CURSOR:
         return _backoff(rewatch, what, err)
@@ -397,9 +425,9 @@ def _after_failed_watch(state: _Watching, outcome: _Failed, caps: _Caps) -> _Dec
     reason = _relist_reason(err)
     if isinstance(err, FrameDecodeError):
         what = (
-            f"pod watch frame unreadable after resourceVersion={outcome.cursor}: "
+            f"{caps.noun} watch frame unreadable after resourceVersion={outcome.cursor}: "
             f"type={err.event_type or '?'} resourceVersion={err.resource_version or '?'} "
-            f"pod={err.name or '?'}: {err.reason}"
+            f"{caps.noun}={err.name or '?'}: {err.reason}"
         )
     return _backoff(caps.listing(reason), what, err, relist=reason)
 
@@ -434,10 +462,16 @@ class _Progress:
 
 
 class KubernetesReflector:
-    """A ``SourceWatchFn`` over a ``KubernetesPodApi``; object keys are pod names.
+    """A ``SourceWatchFn`` over a ``KubernetesPodApi`` (``kube_client``), whose keys are pod
+    names, or over any resource's ``ResourceApi`` (``api``, e.g.
+    ``k8s_api.KubernetesAsyncioResourceApi``), whose objects are its model's.
+
+    Keys are the object's name within one namespace or for a cluster-scoped resource, and
+    ``namespace/name`` across every namespace (``namespace`` ``""`` or ``None`` with ``api``), as
+    client-go's ``MetaNamespaceKeyFunc``. ``field_selector`` goes with ``api`` only.
 
     ``retry_delay`` is the first backoff step; ``streaming_list`` lists by a streaming list when
-    the API can (``StreamingListPodApi``), else by LIST. ``name`` (default
+    the API can (``StreamingListPodApi``, any ``ResourceApi``), else by LIST. ``name`` (default
     ``namespace/selector``) prefixes every log line. ``source_status()`` is the
     ``status.StatusReporter`` capability.
     """
@@ -445,35 +479,97 @@ class KubernetesReflector:
     def __init__(
         self,
         *,
-        kube_client: KubernetesPodApi,
-        namespace: str,
-        label_selector: str,
+        kube_client: KubernetesPodApi | None = None,
+        namespace: str | None = None,
+        label_selector: str = "",
         watch_timeout_seconds: int = 300,
         retry_delay: float = DEFAULT_RETRY_DELAY,
         clock: Clock | None = None,
         name: str | None = None,
         streaming_list: bool = False,
+        api: ResourceApi | None = None,
+        field_selector: str = "",
     ) -> None:
-        self._api = kube_client
+        if (kube_client is None) == (api is None):
+            raise TypeError("KubernetesReflector takes one of kube_client= (pods) or api=")
+        if kube_client is not None and (not namespace or field_selector):
+            raise TypeError("a pod API's reflector takes one namespace and no field_selector")
+        namespace = namespace or ""
         self._namespace = namespace
         self._label_selector = label_selector
+        self._field_selector = field_selector
+        self._keyed_by_namespace = api is not None and not namespace
+        self._noun = "pod" if api is None else getattr(api, "_noun", "object")
         self._watch_timeout_seconds = positive_whole("watch_timeout_seconds", watch_timeout_seconds)
         self._clock: Clock = clock or RealClock()
         self.name = name or default_loop_name(namespace, label_selector)
         self._log = NamedLogger(logger, self.name)
-        self._paged = kube_client if isinstance(kube_client, PagedPodApi) else None
-        self._streaming = kube_client if isinstance(kube_client, StreamingListPodApi) else None
-        if streaming_list and self._streaming is None:
+        self._bind(kube_client, api)
+        if streaming_list and self._open_stream_list is None:
             self._log.warning(
                 "streaming list asked for, but %s cannot stream a list: listing by LIST",
                 type(kube_client).__name__,
             )
-        streams = streaming_list and self._streaming is not None
-        self._caps = _Caps(streams=streams, probes=self._paged is not None)
+        streams = streaming_list and self._open_stream_list is not None
+        self._caps = _Caps(
+            streams=streams,
+            probes=self._paged is not None,
+            noun=self._noun,
+            resource=_resource_name(getattr(api, "resource", PODS)),
+        )
         self._pacing = _Pacing(
             backoff_schedule(initial=positive_finite("retry_delay", retry_delay))
         )
         self._progress = _Progress()
+
+    def _bind(self, kube_client: KubernetesPodApi | None, api: ResourceApi | None) -> None:
+        """The requests this reflector makes, bound once: a pod API's methods or a resource's."""
+        ns, labels, fields = self._namespace, self._label_selector, self._field_selector
+        self._open_stream_list: Callable[[int], AsyncIterator[Any]] | None
+        if api is not None:
+            self._paged: PagedPodApi | ResourceApi | None = api
+            self._list_page: Callable[[ListOptions], Awaitable[Any]] = api.list_page
+            self._list_all: Callable[[], Awaitable[Any]] = partial(
+                api.list_page, ListOptions(ns, labels, field_selector=fields)
+            )
+            self._open_stream: Callable[[str, int], AsyncIterator[Any]] = lambda rv, t: api.stream(
+                namespace=ns,
+                label_selector=labels,
+                field_selector=fields,
+                resource_version=rv,
+                timeout_seconds=t,
+            )
+            self._open_stream_list = lambda t: api.stream_list(
+                namespace=ns, label_selector=labels, field_selector=fields, timeout_seconds=t
+            )
+            return
+        assert kube_client is not None
+        paged = kube_client if isinstance(kube_client, PagedPodApi) else None
+        self._paged = paged
+        if paged is not None:
+            self._list_page = paged.list_pod_page
+        self._list_all = partial(kube_client.list_pods, namespace=ns, label_selector=labels)
+        self._open_stream = lambda rv, t: kube_client.stream_pods(
+            namespace=ns, label_selector=labels, resource_version=rv, timeout_seconds=t
+        )
+        streaming = kube_client if isinstance(kube_client, StreamingListPodApi) else None
+        self._open_stream_list = (
+            None
+            if streaming is None
+            else lambda t: streaming.stream_pod_list(
+                namespace=ns, label_selector=labels, timeout_seconds=t
+            )
+        )
+
+    def _key(self, obj: Any) -> str:
+        """client-go's ``MetaNamespaceKeyFunc`` across namespaces: ``namespace/name``, or the name
+        alone for an object without a namespace (a cluster-scoped one); within one namespace, the
+        name."""
+        meta = obj.metadata
+        if self._keyed_by_namespace and meta.namespace:
+            return f"{meta.namespace}/{meta.name}"
+        name: str = meta.name
+        return name
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
         state: _State = self._caps.listing()
@@ -565,29 +661,28 @@ class KubernetesReflector:
         self._progress.update(lists=self._progress.status.lists + 1)
         try:
             if self._paged is not None:
-                page = await list_in_pages(
-                    self._paged, ListOptions(self._namespace, self._label_selector), log=self._log
+                options = ListOptions(
+                    self._namespace, self._label_selector, field_selector=self._field_selector
                 )
+                page = await list_in_pages(self._paged, options, log=self._log)
             else:
-                page = await self._api.list_pods(
-                    namespace=self._namespace, label_selector=self._label_selector
-                )
+                page = await self._list_all()
         except Exception as err:
             yield _Failed(err)
             return
-        yield ReplaceEvent({pod.metadata.name: pod for pod in page.pods})
+        if self._keyed_by_namespace:
+            yield ReplaceEvent({self._key(obj): obj for obj in page.objects})
+        else:
+            yield ReplaceEvent({obj.metadata.name: obj for obj in page.objects})
         yield _Listed(page.resource_version)
 
     async def _stream_list(self) -> AsyncGenerator[SourceEvent | _Outcome, None]:
-        assert self._streaming is not None
+        assert self._open_stream_list is not None
         self._progress.update(lists=self._progress.status.lists + 1)
         started = self._clock.time()
-        stream = self._streaming.stream_pod_list(
-            namespace=self._namespace,
-            label_selector=self._label_selector,
-            timeout_seconds=self._watch_timeout_seconds,
-        )
-        pods: dict[str, Pod] = {}
+        stream = self._open_stream_list(self._watch_timeout_seconds)
+        key = self._key
+        pods: dict[str, Any] = {}
         cursor, frames, handed_over = "", 0, False
         try:
             async for frame in stream:
@@ -595,9 +690,9 @@ class KubernetesReflector:
                 if frame.type == "ERROR":
                     yield _Failed(WatchErrorFrame(frame), cursor, frames)
                     return
-                pod = frame.pod
+                pod = frame.object
                 if pod is None and frame.type != "BOOKMARK":
-                    yield _Failed(_without_a_pod(frame), cursor, frames)
+                    yield _Failed(_without_a_pod(frame, self._noun), cursor, frames)
                     return
                 cursor = frame.resource_version or cursor
                 if pod is None:
@@ -607,9 +702,9 @@ class KubernetesReflector:
                         yield _Listed(cursor, stream)
                         return
                 elif frame.type == "DELETED":
-                    pods.pop(pod.metadata.name, None)
+                    pods.pop(key(pod), None)
                 else:
-                    pods[pod.metadata.name] = pod
+                    pods[key(pod)] = pod
         except Exception as err:
             yield _Failed(err, cursor, frames, self._clock.time() - started)
             return
@@ -621,12 +716,13 @@ class KubernetesReflector:
     async def _probe(self, cursor: str) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         assert self._paged is not None
         try:
-            await self._paged.list_pod_page(
+            await self._list_page(
                 ListOptions(
                     self._namespace,
                     self._label_selector,
                     limit=PROBE_LIMIT,
                     resource_version=cursor,
+                    field_selector=self._field_selector,
                 )
             )
         except Exception as err:
@@ -644,14 +740,10 @@ class KubernetesReflector:
             watch_restarts=p.status.watch_restarts + state.restart,
         )
         if stream is None:
-            stream = self._api.stream_pods(
-                namespace=self._namespace,
-                label_selector=self._label_selector,
-                resource_version=state.cursor,
-                timeout_seconds=self._watch_timeout_seconds,
-            )
+            stream = self._open_stream(state.cursor, self._watch_timeout_seconds)
         p.watch_opened_at = started
         cursor, frames = state.cursor, 0
+        by_namespace = self._keyed_by_namespace
         outcome: _Outcome
         try:
             async for frame in stream:
@@ -659,9 +751,9 @@ class KubernetesReflector:
                 if frame.type == "ERROR":
                     outcome = _Failed(WatchErrorFrame(frame), cursor, frames)
                     break
-                pod = frame.pod
+                pod = frame.object
                 if pod is None and frame.type != "BOOKMARK":
-                    outcome = _Failed(_without_a_pod(frame), cursor, frames)
+                    outcome = _Failed(_without_a_pod(frame, self._noun), cursor, frames)
                     break
                 if frame.resource_version:
                     cursor = p.cursor = frame.resource_version
@@ -670,10 +762,11 @@ class KubernetesReflector:
                     continue
                 p.events += 1
                 p.last_event_at = clock.time()
+                key = self._key(pod) if by_namespace else pod.metadata.name
                 if frame.type == "DELETED":
-                    yield DeleteEvent(pod.metadata.name, pod)
+                    yield DeleteEvent(key, pod)
                 else:
-                    yield UpsertEvent(pod.metadata.name, pod)
+                    yield UpsertEvent(key, pod)
             else:
                 outcome = _Closed(cursor, frames, clock.time() - started)
         except Exception as err:
@@ -687,14 +780,18 @@ class KubernetesReflector:
         yield _Waited()
 
 
-def _without_a_pod(frame: PodWatchEvent) -> FrameDecodeError:
-    """A frame that is neither a bookmark nor an error and carries no pod, as a user's
+def _without_a_pod(frame: PodWatchEvent | WatchEvent[Any], noun: str) -> FrameDecodeError:
+    """A frame that is neither a bookmark nor an error and carries no object, as a user's
     ``KubernetesPodApi`` may yield one: unreadable, like the bytes of one."""
     return FrameDecodeError(
-        f"{str(frame.type)[:40]} frame without a pod",
+        f"{str(frame.type)[:40]} frame without a {noun}",
         resource_version=frame.resource_version,
         event_type=str(frame.type)[:40],
     )
+
+
+def _resource_name(resource: Resource) -> str:
+    return f'{resource.plural} (group "{resource.group}", version {resource.version})'
 
 
 def _next_move(state: _State) -> str:
@@ -721,7 +818,7 @@ def _name(state: _State) -> str:
     }[type(state)]
 
 
-async def _close(stream: AsyncIterator[PodWatchEvent]) -> None:
+async def _close(stream: AsyncIterator[Any]) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
         await aclose()

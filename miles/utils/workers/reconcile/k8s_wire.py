@@ -380,7 +380,9 @@ class ObjectDecoder(Generic[_M]):
         item = raw.get("object") if isinstance(raw, dict) else None
         raise self._invalid(item, err, frame.type, skip=2)
 
-    def decode_watch_read(self, lines: list[bytes], *, listing: bool) -> Iterator[WatchEvent[_M]]:
+    def decode_watch_read(
+        self, lines: list[bytes], *, listing: bool = False
+    ) -> Iterator[WatchEvent[_M]]:
         """``decode_watch_read`` for this model."""
         decode = self.decode_watch_line
         if listing:
