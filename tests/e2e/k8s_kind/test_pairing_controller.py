@@ -6,7 +6,8 @@ Inference pods are created gated (`spec.schedulingGates`) and without a node, an
 trainer in a label. The controller maps trainer and inference pods alike to the trainer's name.
 Once the trainer has a node, it pins each gated inference pod of that trainer to the same node
 (`spec.nodeSelector` `kubernetes.io/hostname`, which may be added to while a pod is gated, where
-`nodeName` may not) and removes its gate, in one JSON patch guarded by the resourceVersion it read.
+`nodeName` may not) and removes its gate, in one JSON patch guarded by the resourceVersion it read,
+sent by the write client, and records a `Paired` event about the pod (read back from the apiserver).
 Every assertion reads the apiserver (fresh GETs), never the loop's store.
 
 The test runs unchanged on every backend of the layer. Where nothing schedules (KWOK, whose
@@ -30,13 +31,20 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from miles.utils.k8s_testenv import api_client
 from miles.utils.k8s_testenv.kubelet import KubeletLayer, create_namespace, describe_pod
 from miles.utils.workers.k8s_types import Pod
+from miles.utils.workers.reconcile.client import Client
+from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
 from miles.utils.workers.reconcile.examples.colocate_pairing import (
+    EVENT_COMPONENT,
+    PAIRED_REASON,
     ColocatePairing,
     Pairing,
     PairingConfig,
     pairing_loop,
 )
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_api import (
+    KubernetesAsyncioPodApi,
+    KubernetesAsyncioTransport,
+)
 
 pytestmark = pytest.mark.k8s_kind
 
@@ -121,6 +129,21 @@ class Cluster:
         assert not pod.spec.scheduling_gates, describe_pod(pod)
         assert pod.spec.node_selector == {HOSTNAME: node}
 
+    async def paired_event(self, name: str) -> None:
+        """The controller's `Paired` event about pod `name`, as `kubectl describe pod` lists it."""
+
+        async def recorded() -> str | None:
+            events = await self.core_v1.list_namespaced_event(
+                self.namespace, field_selector=f"involvedObject.name={name}"
+            )
+            reasons = {(e.reason, e.source.component) for e in events.items}
+            return name if (PAIRED_REASON, EVENT_COMPONENT) in reasons else None
+
+        found: str = await self.layer.eventually(
+            recorded, what=f"a {PAIRED_REASON} event about {name}", timeout_seconds=SECONDS
+        )
+        assert found == name
+
     async def after_a_pass(self, trainer: str, holds: Callable[[Pairing], bool], what: str) -> None:
         await self.layer.eventually(
             lambda: self.controller.saw(trainer, holds),
@@ -137,8 +160,14 @@ async def pairing_cluster(layer: KubeletLayer) -> AsyncIterator[Cluster]:
         namespace = f"miles-pair-{uuid.uuid4().hex[:8]}"
         await create_namespace(layer, core_v1, namespace)
         passes = Passes()
+        writes = Client(transport=KubernetesAsyncioTransport(api_client=api))
+        recorder = EventRecorder(sink=ClientEventSink(writes), component=EVENT_COMPONENT)
         controller = ColocatePairing(
-            core_v1_api=core_v1, namespace=namespace, config=CONFIG, on_pass=passes.seen.append
+            client=writes,
+            recorder=recorder,
+            namespace=namespace,
+            config=CONFIG,
+            on_pass=passes.seen.append,
         )
         loop = pairing_loop(
             controller,
@@ -147,7 +176,7 @@ async def pairing_cluster(layer: KubeletLayer) -> AsyncIterator[Cluster]:
             selector=CONFIG.selector,
         )
         try:
-            async with loop, _scheduler_stand_in(layer, core_v1, namespace):
+            async with recorder, loop, _scheduler_stand_in(layer, core_v1, namespace):
                 yield Cluster(layer, core_v1, namespace, passes)
         finally:
             await core_v1.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
@@ -216,6 +245,7 @@ async def test_gated_inference_pods_are_released_onto_their_trainers_node(
         node = await cluster.node_of("trainer-0")
         for name in ("infer-0", "infer-1"):
             await cluster.released_onto(name, node)
+            await cluster.paired_event(name)
         held = Pod.model_validate(await cluster.get("held"))
         assert (gates(held), held.spec.node_selector) == ([OTHER_GATE], {HOSTNAME: node})
         assert held.spec.node_name is None

@@ -7,9 +7,10 @@ reconciler (``ctrl.NewManager`` with ``LeaderElection``, ``mgr.Start(SetupSignal
 Inference pods are created gated (``spec.schedulingGates`` holds ``gate``) and name their trainer
 in ``trainer_label``; ``role_label`` says ``trainer`` or ``inference``. Trainer and inference pods
 alike map to the trainer's name. Once the trainer has a node, each gated inference pod of it gets,
-in one JSON patch guarded by the resourceVersion it was read at, ``spec.nodeSelector``
-``node_label: <node>`` and loses ``gate`` (other gates stay). A patch is sent only while this
-process leads (the loop's gate, and a check right before the request).
+in one JSON patch guarded by the resourceVersion it was read at (``client.JsonPatch.guarded``,
+sent by the write client), ``spec.nodeSelector`` ``node_label: <node>`` and loses ``gate`` (other
+gates stay), and a ``Paired`` event about the pod says so (``kubectl describe pod``). A patch is
+sent only while this process leads (the loop's gate, and a check right before the request).
 
 The configuration is one JSON object (``PairingConfig``; a ConfigMap key in a Deployment). The
 process connects with the service account when in a pod (``KUBERNETES_SERVICE_HOST`` set and no
@@ -32,13 +33,17 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miles.utils.workers.k8s_types import Pod
-from miles.utils.workers.reconcile.k8s_api import as_kubernetes_error
-from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.client import JsonPatch
+from miles.utils.workers.reconcile.k8s_errors import (
+    ConflictError,
+    ForbiddenError,
+    KubernetesApiError,
+)
 from miles.utils.workers.reconcile.leaderelection.leader_election import (
     DEFAULT_LEASE_DURATION,
     DEFAULT_RENEW_DEADLINE,
@@ -50,13 +55,33 @@ from miles.utils.workers.reconcile.manager.manager import (
     DEFAULT_HEALTH_PROBE_ADDRESS,
     DEFAULT_METRICS_ADDRESS,
 )
+from miles.utils.workers.reconcile.resource import PODS, Resource
 
 logger = logging.getLogger("colocate_pairing")
 
 PERMITTED_CHECK = "pairing-permitted"
 CONFLICT_STATUSES = (409, 422)
-"""A failed ``test`` of the resourceVersion (422) or a write conflict (409): the pod changed since
-it was read, and the watch brings the new version to another reconcile."""
+"""The codes of a failed ``test`` of the resourceVersion (422) and of a write conflict (409); the
+write client raises both as ``ConflictError``: the pod changed since it was read, and the watch
+brings the new version to another reconcile."""
+EVENT_COMPONENT = "colocate-pairing"
+PAIRED_REASON = "Paired"
+
+
+class PodPatcher(Protocol):
+    """The write the reconciler needs: ``client.Client.patch`` of one pod."""
+
+    async def patch(
+        self, resource: Resource, name: str, patch: JsonPatch, *, namespace: str | None = None
+    ) -> Any: ...
+
+
+class EventRecording(Protocol):
+    """``events.EventRecorder.record``, as the reconciler uses it."""
+
+    def record(
+        self, obj: Mapping[str, Any], event_type: str, reason: str, message: str
+    ) -> None: ...
 
 
 class LeaderElectionConfig(BaseModel):
@@ -143,13 +168,23 @@ class ColocatePairing:
     def __init__(
         self,
         *,
-        core_v1_api: Any,
         namespace: str,
         config: PairingConfig,
+        client: PodPatcher | None = None,
+        core_v1_api: Any = None,
+        recorder: EventRecording | None = None,
         leadership: Leadership | None = None,
         on_pass: Callable[[Pairing], None] | None = None,
     ) -> None:
-        self._core_v1 = core_v1_api
+        """``client`` sends the patches (a ``client.Client``); ``core_v1_api``, the older way to
+        say where, is a ``CoreV1Api`` whose ``ApiClient`` a ``Client`` is built on. ``recorder``,
+        when given, gets one ``Paired`` event per pod released."""
+        if client is None:
+            if core_v1_api is None:
+                raise ValueError("ColocatePairing needs a client (or a core_v1_api)")
+            client = _client_beside(core_v1_api)
+        self._client = client
+        self._recorder = recorder
         self._namespace = namespace
         self._config = config
         self._leadership = leadership
@@ -196,20 +231,18 @@ class ColocatePairing:
             self._config.gate in _gates(pod)
         )
 
-    def _patch(self, pod: Pod, node: str) -> list[dict[str, Any]]:
+    def _patch(self, pod: Pod, node: str) -> JsonPatch:
         kept = [{"name": name} for name in _gates(pod) if name != self._config.gate]
         selector = {**pod.spec.node_selector, self._config.node_label: node}
-        return [
-            {
-                "op": "test",
-                "path": "/metadata/resourceVersion",
-                "value": pod.metadata.resource_version,
-            },
-            {"op": "add", "path": "/spec/nodeSelector", "value": selector},
-            {"op": "replace", "path": "/spec/schedulingGates", "value": kept}
-            if kept
-            else {"op": "remove", "path": "/spec/schedulingGates"},
-        ]
+        return JsonPatch.guarded(
+            str(pod.metadata.resource_version),
+            [
+                {"op": "add", "path": "/spec/nodeSelector", "value": selector},
+                {"op": "replace", "path": "/spec/schedulingGates", "value": kept}
+                if kept
+                else {"op": "remove", "path": "/spec/schedulingGates"},
+            ],
+        )
 
     async def _release(self, trainer: str, pod: Pod, node: str) -> bool:
         """Sends the patch; ``False`` if the pod changed since it was read."""
@@ -219,25 +252,15 @@ class ColocatePairing:
         version = pod.metadata.resource_version
         try:
             self.patches_sent += 1
-            await self._core_v1.patch_namespaced_pod(
-                pod.metadata.name,
-                self._namespace,
-                self._patch(pod, node),
-                _content_type="application/json-patch+json",
+            patched = await self._client.patch(
+                PODS, str(pod.metadata.name), self._patch(pod, node), namespace=self._namespace
             )
-        except Exception as exc:
-            failure = as_kubernetes_error(exc)
-            if not isinstance(failure, KubernetesApiError):
-                raise
-            if failure.code in CONFLICT_STATUSES:
-                logger.info("pod %s changed since resourceVersion %s; not patched", name, version)
-                return False
-            if failure.code == 403:
-                self._refused = f"patch of pod {name} forbidden: {_reason(failure)}"
-                raise PairingForbiddenError(
-                    f"{self._refused}; the Role needs pods: patch"
-                ) from None
-            raise
+        except ConflictError:
+            logger.info("pod %s changed since resourceVersion %s; not patched", name, version)
+            return False
+        except ForbiddenError as failure:
+            self._refused = f"patch of pod {name} forbidden: {_reason(failure)}"
+            raise PairingForbiddenError(f"{self._refused}; the Role needs pods: patch") from None
         self._refused = None
         logger.info(
             "released pod %s onto node %s (trainer %s, resourceVersion %s)",
@@ -246,7 +269,17 @@ class ColocatePairing:
             trainer,
             version,
         )
+        if self._recorder is not None and isinstance(patched, Mapping):
+            message = f"released onto node {node}, beside trainer {trainer}"
+            self._recorder.record(patched, "Normal", PAIRED_REASON, message)
         return True
+
+
+def _client_beside(core_v1_api: Any) -> PodPatcher:
+    from miles.utils.workers.reconcile.client import Client
+    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport
+
+    return Client(transport=KubernetesAsyncioTransport.beside(core_v1_api))
 
 
 def _gates(pod: Pod) -> list[str | None]:
@@ -290,9 +323,12 @@ def pairing_loop(
 
 async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[str, str]) -> int:
     from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
+    from miles.utils.workers.reconcile.client import Client
+    from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
     from miles.utils.workers.reconcile.k8s_api import (
         KubernetesAsyncioLeaseApi,
         KubernetesAsyncioPodApi,
+        KubernetesAsyncioTransport,
     )
     from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
     from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock
@@ -317,8 +353,11 @@ async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[st
                 retry_period=election.retry_period,
             )
             logger.info("leader election on Lease %s as %s", lock.describe(), lock.identity)
+        client = Client(transport=KubernetesAsyncioTransport.beside(session.core_v1_api))
+        recorder = EventRecorder(sink=ClientEventSink(client), component=EVENT_COMPONENT)
         controller = ColocatePairing(
-            core_v1_api=session.core_v1_api,
+            client=client,
+            recorder=recorder,
             namespace=namespace,
             config=config,
             leadership=elector,
@@ -341,7 +380,8 @@ async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[st
         )
         manager.readyz.add(PERMITTED_CHECK, controller.check)
         logger.info("pairing pods in namespace %s (selector %r)", namespace, config.selector)
-        return await run_until_signalled(manager)
+        async with recorder:
+            return await run_until_signalled(manager)
 
 
 def _global_registry() -> Any:

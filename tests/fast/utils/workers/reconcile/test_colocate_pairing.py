@@ -1,19 +1,21 @@
-"""examples/colocate_pairing: the reconciler's patches, its refusals and its configuration, against
-a recording stand-in for ``CoreV1Api.patch_namespaced_pod`` (no cluster; the e2e tests run it on
-a kubelet layer and as a Deployment on the real node)."""
+"""examples/colocate_pairing: the reconciler's patches, its events, its refusals and its
+configuration, through the write client over a recording stand-in transport (no cluster; the e2e
+tests run it on a kubelet layer and as a Deployment on the real node)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio import client as k8s
 
 from miles.utils.workers.k8s_types import Pod
+from miles.utils.workers.reconcile.client import Client, RawResponse
 from miles.utils.workers.reconcile.examples.colocate_pairing import (
     ColocatePairing,
     ConfigError,
@@ -28,21 +30,53 @@ from miles.utils.workers.reconcile.examples.colocate_pairing import (
 CONFIG = PairingConfig(trainer_label="t", role_label="r", gate="g")
 
 
+_REASONS = {403: "Forbidden", 409: "Conflict", 422: "Invalid"}
+
+
 @dataclass
 class Patches:
+    """A ``Transport`` under the real write client: records each pod PATCH as (namespace, name,
+    JSON patch) and answers it with the pod, or with ``refuse_with``'s Status."""
+
     sent: list[tuple[str, str, list[dict[str, Any]]]] = field(default_factory=list)
     refuse_with: int | None = None
 
-    async def patch_namespaced_pod(
-        self, name: str, namespace: str, body: list[dict[str, Any]], *, _content_type: str
-    ) -> None:
-        assert _content_type == "application/json-patch+json"
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Sequence[tuple[str, str]] = (),
+        body: bytes | None = None,
+        content_type: str | None = None,
+        deadline: float | None = None,
+    ) -> RawResponse:
+        assert (method, content_type) == ("PATCH", "application/json-patch+json")
+        _, _, _, _, namespace, _, name = path.split("/")
         if self.refuse_with is not None:
-            body_text = json.dumps({"message": f'pods "{name}" is forbidden: no patch'})
-            error = ApiException(status=self.refuse_with, reason="Forbidden")
-            error.body = body_text.encode()
-            raise error
-        self.sent.append((namespace, name, body))
+            status = {
+                "kind": "Status",
+                "code": self.refuse_with,
+                "reason": _REASONS[self.refuse_with],
+                "message": f'pods "{name}" is forbidden: no patch',
+            }
+            return RawResponse(self.refuse_with, json.dumps(status).encode())
+        assert body is not None
+        self.sent.append((namespace, name, json.loads(body)))
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        return RawResponse(200, json.dumps(pod).encode())
+
+
+@dataclass
+class Recorded:
+    events: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def record(self, obj: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        self.events.append((obj["metadata"]["name"], event_type, reason, message))
 
 
 @dataclass
@@ -77,9 +111,12 @@ def pod(name: str, role: str, *, gates: tuple[str, ...] = (), node: str | None =
 TRAINER = pod("trainer-0", "trainer", node="node-1")
 
 
-def controller(patches: Patches, leading: bool | None = None) -> ColocatePairing:
+def controller(
+    patches: Patches, leading: bool | None = None, recorder: Recorded | None = None
+) -> ColocatePairing:
     return ColocatePairing(
-        core_v1_api=patches,
+        client=Client(transport=patches),
+        recorder=recorder,
         namespace="ns",
         config=CONFIG,
         leadership=None if leading is None else Leading(leading),
@@ -94,8 +131,13 @@ async def test_one_guarded_patch_pins_and_ungates_only_gated_inference_pods() ->
         pod("held", "inference", gates=("g", "other")),
         pod("foreign", "inference", gates=("other",)),
     ]
-    pairing = await controller(patches).pair("trainer-0", members)
+    recorded = Recorded()
+    pairing = await controller(patches, recorder=recorded).pair("trainer-0", members)
     assert pairing.released == ("infer-0", "held")
+    assert recorded.events == [
+        (name, "Normal", "Paired", "released onto node node-1, beside trainer trainer-0")
+        for name in ("infer-0", "held")
+    ]
     assert pairing.node == "node-1"
     test = {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
     pinned = {"zone": "a", "kubernetes.io/hostname": "node-1"}
@@ -173,6 +215,14 @@ async def test_a_pod_changed_since_read_is_left_to_the_next_reconcile(status: in
         "trainer-0", [TRAINER, pod("infer-0", "inference", gates=("g",))]
     )
     assert pairing.released == ()
+
+
+async def test_the_older_core_v1_api_argument_still_builds_its_client() -> None:
+    async with k8s.ApiClient(k8s.Configuration(host="https://127.0.0.1:9")) as api:
+        pairing = ColocatePairing(core_v1_api=k8s.CoreV1Api(api), namespace="ns", config=CONFIG)
+        assert pairing.patches_sent == 0
+    with pytest.raises(ValueError, match="needs a client"):
+        ColocatePairing(namespace="ns", config=CONFIG)
 
 
 def test_a_bad_config_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
