@@ -33,6 +33,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     NotFoundError,
     is_conflict,
 )
+from miles.utils.workers.reconcile.k8s_objects import DynamicObject
 from miles.utils.workers.reconcile.resource import CONFIG_MAPS, PODS
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -220,3 +221,18 @@ async def test_delete_preconditions_and_retry_on_conflict(
         # the policy reached the apiserver.
         assert pending["metadata"]["finalizers"] == ["foregroundDeletion"]
         assert pending["metadata"]["deletionTimestamp"]
+
+
+async def test_a_dynamic_object_round_trips(cached_kubeconfig: Path, k8s_namespace: str) -> None:
+    async with writing(cached_kubeconfig) as writes:
+        desired = DynamicObject.model_validate(
+            {"metadata": {"name": "dyn", "namespace": k8s_namespace}, "data": {"k": "1"}}
+        )
+        made = await writes.create(CONFIG_MAPS, desired)
+        assert isinstance(made, DynamicObject)
+        assert made.metadata.uid
+        read = await writes.get(CONFIG_MAPS, "dyn", namespace=k8s_namespace, into=DynamicObject)
+        changed = read.model_copy(update={"data": {"k": "2"}})
+        replaced = await writes.replace(CONFIG_MAPS, changed)
+        assert replaced["data"] == {"k": "2"}
+        assert replaced.metadata.resource_version != read.metadata.resource_version

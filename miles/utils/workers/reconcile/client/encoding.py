@@ -2,11 +2,12 @@
 Go: apimachinery's JSON serializer (``runtime.Encode`` / ``Decode``), for ``Unstructured`` and
 typed objects alike.
 
-A pydantic model is written by its aliases (the camelCase wire names), without ``None`` fields
-(and, for an apply, without the fields never set, so that only what the caller states is owned);
-a mapping is written as it is. A value JSON cannot carry (a set, an object, a NaN) fails here,
-before any request, with ``ValueError`` naming its field. An answer is read back into the type the
-caller gave: the model's class, or a ``dict``.
+A pydantic model is written by its wire names (``wire_name``: the alias, or the camelCase name a
+``k8s_types``/``k8s_objects`` model validates from), without ``None`` fields (and, for an apply,
+without the fields never set, so that only what the caller states is owned), its extra fields as
+they are; its own field serializers are not run. A mapping is written as it is. A value JSON
+cannot carry (an object, a NaN) fails here, before any request, with ``ValueError`` naming its
+field. An answer is read back into the type the caller gave: the model's class, or a ``dict``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticSerializationError
+from pydantic import AliasChoices, BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
 
@@ -29,25 +31,68 @@ Body = BaseModel | Mapping[str, Any]
 def to_wire(obj: Body, *, only_set: bool = False) -> dict[str, Any]:
     """``obj`` as the JSON object it is written as (a fresh dict, safe to change)."""
     if isinstance(obj, BaseModel):
-        options: dict[str, Any] = {
-            "by_alias": True,
-            "exclude_none": True,
-            "exclude_unset": only_set,
-        }
-        try:
-            dumped = obj.model_dump(mode="json", **options)
-        except PydanticSerializationError as err:
-            path = _first_unwritable(obj.model_dump(mode="python", **options), "")
-            raise ValueError(
-                f"{type(obj).__name__} cannot be written as JSON: field {path or '?'}: {err}"
-            ) from None
-        return dict(dumped)
+        return _model_wire(obj, only_set, "")
     if not isinstance(obj, Mapping):
         raise ValueError(f"a write takes a pydantic model or a mapping, not {type(obj).__name__}")
     path = _first_unwritable(obj, "")
     if path is not None:
         raise ValueError(f"the object cannot be written as JSON: field {path}")
     return json.loads(json.dumps(obj))  # type: ignore[no-any-return]
+
+
+def wire_name(name: str, info: FieldInfo) -> str:
+    """A field's name on the wire: its serialization alias or alias, else the validation alias
+    that is not the field's own name (``k8s_types``' models read both spellings and name only the
+    camelCase one as an alias to validate from), else the field's name."""
+    alias = info.serialization_alias or info.alias
+    if alias:
+        return alias
+    choices = info.validation_alias
+    if isinstance(choices, str):
+        return choices
+    if isinstance(choices, AliasChoices):
+        for choice in choices.choices:
+            if isinstance(choice, str) and choice != name:
+                return choice
+    return name
+
+
+def _model_wire(model: BaseModel, only_set: bool, path: str) -> dict[str, Any]:
+    """``model``'s fields by wire name, ``None`` left out (and, with ``only_set``, every field
+    never set); the fields a model keeps beyond its own (``extra="allow"``) as they are."""
+    wire: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        if only_set and name not in model.model_fields_set:
+            continue
+        value = getattr(model, name)
+        if value is not None:
+            key = wire_name(name, info)
+            wire[key] = _value_wire(value, only_set, f"{path}.{key}" if path else key)
+    for key, value in (model.__pydantic_extra__ or {}).items():
+        if value is not None:
+            wire[key] = _value_wire(value, only_set, f"{path}.{key}" if path else key)
+    return wire
+
+
+def _value_wire(value: Any, only_set: bool, path: str) -> Any:
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"field {path} is {value}, which JSON cannot carry")
+        return value
+    if isinstance(value, BaseModel):
+        return _model_wire(value, only_set, path)
+    if isinstance(value, Mapping):
+        return {str(k): _value_wire(v, only_set, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_value_wire(v, only_set, f"{path}[{i}]") for i, v in enumerate(value)]
+    try:
+        return to_jsonable_python(value)
+    except PydanticSerializationError as err:
+        raise ValueError(
+            f"field {path} ({type(value).__name__}) cannot be written as JSON: {err}"
+        ) from None
 
 
 def encode(value: Any) -> bytes:

@@ -41,6 +41,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     is_invalid,
     is_not_found,
 )
+from miles.utils.workers.reconcile.k8s_objects import DynamicObject
 from miles.utils.workers.reconcile.resource import CONFIG_MAPS, NODES, PODS, Resource
 
 POOLS = Resource.custom(group="miles.dev", version="v1", plural="pools", kind="Pool")
@@ -413,3 +414,35 @@ async def test_retry_on_conflict_converges_and_passes_other_errors() -> None:
     with pytest.raises(NotFoundError):
         await retry_on_conflict(not_found, clock=clock)
     assert len(attempts) == 1
+
+
+async def test_a_dynamic_object_is_written_by_its_wire_names_and_answered_as_one() -> None:
+    read = DynamicObject.model_validate(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "a", "namespace": "ns", "resourceVersion": "5"},
+            "data": {"k": "v"},
+        }
+    )
+    answer = {**CM, "metadata": {**CM["metadata"], "resourceVersion": "6"}, "data": {"k": "w"}}
+    c, transport, _ = client_of(ok(answer))
+    replaced = await c.replace(CONFIG_MAPS, read)
+    assert isinstance(replaced, DynamicObject)
+    assert replaced["data"] == {"k": "w"}
+    assert replaced.metadata.resource_version == "6"
+    sent = transport.sent[0].body
+    assert sent["apiVersion"] == "v1"
+    assert sent["metadata"]["resourceVersion"] == "5"
+    assert "resource_version" not in sent["metadata"]
+    assert sent["data"] == {"k": "v"}
+    desired = DynamicObject.model_validate(
+        {"metadata": {"name": "a", "namespace": "ns", "labels": {"x": "y"}}, "data": {"k": "v"}}
+    )
+    await c.apply(CONFIG_MAPS, desired, field_manager="m")
+    assert transport.sent[1].body == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "a", "namespace": "ns", "labels": {"x": "y"}},
+        "data": {"k": "v"},
+    }
