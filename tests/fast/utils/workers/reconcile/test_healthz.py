@@ -1,5 +1,6 @@
-"""Fast layer: ``healthz.py`` rows (CR ``pkg/healthz``'s bodies, codes, subpaths, ``?verbose``,
-``?exclude``), served over a real socket on 127.0.0.1 by ``http_server.py``."""
+"""Fast layer: ``manager/healthz.py`` rows (CR ``pkg/healthz``'s bodies, codes, subpaths,
+``?verbose``, ``?exclude``), served over a real socket on 127.0.0.1 by
+``manager/http_server.py``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Fast layer: ``http_server.py`` and ``metrics_server.py`` rows, over a real socket on 127.0.0.1:
-bad requests answered with a status code and no traceback, ``/metrics`` from a registry."""
+"""Fast layer: ``manager/http_server.py`` and ``manager/metrics_server.py`` rows, over a real
+socket on 127.0.0.1: bad requests answered with a status code and no traceback, ``/metrics`` from a
+registry."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Fast layer: ``leader_election.py`` and ``lease_lock.py`` on ``FakeLeaseApi`` and a ``FakeClock``:
-acquire, renew, loss at the renew deadline, takeover timed from the candidate's own observation,
-release, conflicts, and every kind of bad Lease the issue names."""
+"""Fast layer: ``leaderelection/leader_election.py`` and ``leaderelection/lease_lock.py`` on
+``FakeLeaseApi`` and a ``FakeClock``: acquire, renew, loss at the renew deadline, takeover timed
+from the candidate's own observation, release, conflicts, and every kind of bad Lease the issue
+names."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Fast layer: ``manager.py`` rows (CR ``pkg/manager``): probes over a real socket on 127.0.0.1,
-graceful shutdown on a ``FakeClock``, leader election through the real ``LeaderElector`` on a
-``FakeLeaseApi``."""
+"""Fast layer: ``manager/manager.py`` rows (CR ``pkg/manager``): probes over a real socket on
+127.0.0.1, graceful shutdown on a ``FakeClock``, leader election through the real ``LeaderElector``
+on a ``FakeLeaseApi``."""
 
 from __future__ import annotations
 
