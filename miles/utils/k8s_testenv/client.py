@@ -1,6 +1,8 @@
 """`kubernetes_asyncio` clients for a kubeconfig (Go: client-go's `clientcmd.BuildConfigFromFlags`).
 
-`kubernetes_asyncio` is imported lazily: building and starting the environment does not need it.
+The kubeconfig is read by the runtime's `k8s_config` (as the command reads it) and the client opened
+by its `k8s_api`; both, and `kubernetes_asyncio`, are imported lazily: building and starting the
+environment needs neither.
 """
 
 from __future__ import annotations
@@ -23,13 +25,12 @@ _REACHABLE_TIMEOUT = 10.0
 @asynccontextmanager
 async def api_client(kubeconfig: Path) -> AsyncIterator[Any]:
     """An `ApiClient` for the current context of `kubeconfig`, closed on exit."""
-    from kubernetes_asyncio import config
+    from miles.utils.workers.reconcile.k8s_api import api_client_session
+    from miles.utils.workers.reconcile.k8s_config import KubeTarget, resolve_config
 
-    client = await config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
-    try:
+    config = resolve_config(KubeTarget(kubeconfig=str(kubeconfig)), {})
+    async with api_client_session(config) as client:
         yield client
-    finally:
-        await client.close()
 
 
 async def check_reachable(kubeconfig: Path) -> None:

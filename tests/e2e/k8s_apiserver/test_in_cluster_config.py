@@ -20,8 +20,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
-from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, kube_session
+from miles.utils.workers.reconcile.k8s_config import KubeTarget
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.source_event import ParentKey

@@ -381,14 +381,15 @@ def loop_view(loop: Any) -> PoolView:
 
 async def play(*, plane: DemoPlane, short: bool, out: TextIO) -> Verdict:
     """Run the story with the live view drawn on ``out``; return the final verdict."""
-    from miles.utils.workers.reconcile.cli.kube_session import core_v1_api
+    from miles.utils.workers.reconcile.k8s_api import kube_session
+    from miles.utils.workers.reconcile.k8s_config import KubeTarget
 
     tty = out.isatty()
     view = LiveView(stream=out, output="table", tty=tty, title=view_title(OPTIONS, command="demo"))
     if tty:
         out.write(CLEAR_SCREEN)
-    async with core_v1_api(plane.kubeconfig, {}) as core:
-        cluster = DemoCluster(core_v1_api=core, plane=plane)
+    async with kube_session(KubeTarget(kubeconfig=plane.kubeconfig), {}) as session:
+        cluster = DemoCluster(core_v1_api=session.core_v1_api, plane=plane)
         await cluster.reset()
         with logs_into(view.notes, enabled=tty):
             return await _play_story(cluster, plane, view, short=short, tty=tty)

@@ -18,10 +18,11 @@ and the examples sit on top. ``lint-imports`` checks this (the contracts are in
    store), ``loop`` (CR's internal ``Controller``: the lifecycle, the worker, resync).
 3. Kubernetes adapter: the apiserver's wire, objects and errors.
    ``k8s_reflector`` (``cache.Reflector``), ``k8s_api`` (the typed clients over
-   ``kubernetes_asyncio``, the only module that imports it), ``k8s_transport`` (``rest``'s HTTP
-   client), ``k8s_interfaces`` (``cache.ListerWatcher``), ``k8s_values`` (``PodList``,
-   ``watch.Event``), ``k8s_types`` (core/v1 and batch/v1 types), ``k8s_objects`` (``metav1.Object``,
-   ``unstructured.Unstructured``), ``k8s_errors`` (``apierrors``),
+   ``kubernetes_asyncio``, the only module that imports it), ``k8s_config`` (``tools/clientcmd``,
+   ``rest.InClusterConfig``: kubeconfig, service account, token refresh), ``k8s_transport``
+   (``rest``'s HTTP client), ``k8s_interfaces`` (``cache.ListerWatcher``), ``k8s_values``
+   (``PodList``, ``watch.Event``), ``k8s_types`` (core/v1 and batch/v1 types), ``k8s_objects``
+   (``metav1.Object``, ``unstructured.Unstructured``), ``k8s_errors`` (``apierrors``),
    ``k8s_wire`` (``watch.Decoder``), ``k8s_framing`` (``util/framer``), ``k8s_pager``
    (``tools/pager``), ``k8s_watch_health`` (http2's health check); their helpers
    ``managed_fields``, ``item_runs``, ``list_memory``, ``gc_pause``, ``heap_trim`` (none in Go:

@@ -16,8 +16,10 @@ lazily, so the loop stays importable without the ``k8s`` extra.
 The contract's names stay importable from here (``PodListPage``, ``PodWatchEvent``,
 ``KubernetesPodApi``, ``exception_rejects_cursor``); each lives in its own module.
 
-``in_cluster_configuration`` is the client's configuration inside a pod (Go:
-``rest.InClusterConfig``).
+Where the apiserver and the credentials come from is ``k8s_config``'s (kubeconfig, service
+account, token refresh); here that resolved configuration becomes the client's ``Configuration``
+(``client_configuration``, ``in_cluster_configuration``) and an open session (``kube_session``).
+``ServiceAccountToken`` and the service-account constants stay importable from here.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ import asyncio
 import errno
 import json
 import logging
-import time
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -36,10 +39,24 @@ from pydantic import BaseModel
 
 from miles.utils.workers.reconcile.arguments import optional_period, positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock
+from miles.utils.workers.reconcile.k8s_config import (
+    SERVICE_ACCOUNT,
+    SERVICE_HOST,
+    SERVICE_PORT,
+    TOKEN_CACHE_SECONDS,
+    ClientConfig,
+    InClusterConfig,
+    KubeconfigError,
+    KubeTarget,
+    ServiceAccountToken,
+    in_cluster_config,
+    in_cluster_possible,
+    resolve_config,
+    tls_failure_reason,
+)
 from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
     FrameDecodeError,
-    InClusterConfigError,
     KubernetesApiError,
     KubernetesConfigError,
     KubernetesConnectionError,
@@ -70,6 +87,10 @@ from miles.utils.workers.reconcile.resource import Resource
 _M = TypeVar("_M", bound=BaseModel)
 
 __all__ = [
+    "SERVICE_ACCOUNT",
+    "SERVICE_HOST",
+    "SERVICE_PORT",
+    "TOKEN_CACHE_SECONDS",
     "WATCH_IDLE_TIMEOUT",
     "WATCH_PROBE_AFTER",
     "KubernetesAsyncioLeaseApi",
@@ -79,7 +100,9 @@ __all__ = [
     "KubernetesPodApi",
     "PodListPage",
     "PodWatchEvent",
+    "ServiceAccountToken",
     "exception_rejects_cursor",
+    "in_cluster_possible",
 ]
 
 logger = logging.getLogger(__name__)
@@ -705,19 +728,14 @@ def _connector_failure(err: Any) -> tuple[ConnectionFailure, str]:
     import aiohttp
 
     if isinstance(err, aiohttp.ClientConnectorCertificateError):
-        return ConnectionFailure.TLS_VERIFICATION, _ssl_reason(err.certificate_error)
+        return ConnectionFailure.TLS_VERIFICATION, tls_failure_reason(err.certificate_error)
     if isinstance(err, aiohttp.ClientConnectorSSLError):
-        return ConnectionFailure.TLS_HANDSHAKE, _ssl_reason(err.os_error)
+        return ConnectionFailure.TLS_HANDSHAKE, tls_failure_reason(err.os_error)
     os_error = err.os_error
     reason = os_error.strerror or str(os_error) or type(os_error).__name__
     if os_error.errno == errno.ECONNREFUSED:
         return ConnectionFailure.REFUSED, reason
     return ConnectionFailure.UNREACHABLE, reason
-
-
-def _ssl_reason(err: BaseException) -> str:
-    reason = getattr(err, "verify_message", None) or getattr(err, "reason", None)
-    return str(reason or err or type(err).__name__)
 
 
 def _text(err: BaseException) -> str:
@@ -905,99 +923,29 @@ class KubernetesAsyncioTransport:
         )
 
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-"""Where a pod's service account is mounted: ``token``, ``ca.crt`` and ``namespace``."""
-SERVICE_HOST, SERVICE_PORT = "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"
-
-
 def require_client() -> None:
     """Raises ``ImportError`` naming ``kubernetes_asyncio`` where the ``[k8s]`` extra is missing, so
     a command says what to install before it looks for a configuration it could not use."""
     import kubernetes_asyncio  # noqa: F401
 
 
-def in_cluster_possible(
-    environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
-) -> bool:
-    """Go: clientcmd's ``inClusterClientConfig.Possible``: the service's host and port are set and
-    the token file exists."""
-    token = service_account / "token"
-    return bool(environ.get(SERVICE_HOST)) and bool(environ.get(SERVICE_PORT)) and token.is_file()
-
-
-TOKEN_CACHE_SECONDS = 50.0
-"""How long a token read from its file is used before the file is read again: client-go's
-``NewCachedFileTokenSource`` (a minute, less its 10 s leeway)."""
-
-
-class ServiceAccountToken:
-    """The bearer token from a mounted file, as a ``Configuration.refresh_api_key_hook``: read
-    before the first request, again once ``TOKEN_CACHE_SECONDS`` have passed, and again before
-    the next request after the apiserver refused one with 401 (``forget``). Go:
-    ``transport.cachingTokenSource`` and ``tokenSourceTransport``'s ``ResetTokenOlderThan``.
-    A file that cannot be read keeps the token last read, with one warning."""
-
-    def __init__(self, path: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.path = path
-        self._clock = clock
-        self._token: str | None = None
-        self._read_at: float | None = None
-        self._unreadable: str | None = None
-
-    def __call__(self, configuration: Any) -> None:
-        now = self._clock()
-        if self._read_at is None or now - self._read_at >= TOKEN_CACHE_SECONDS:
-            self._read(now)
-        if self._token is not None:
-            configuration.api_key["BearerToken"] = f"Bearer {self._token}"
-
-    def forget(self) -> None:
-        """The next request reads the file first."""
-        self._read_at = None
-
-    def _read(self, now: float) -> None:
-        try:
-            token = self.path.read_text().strip()
-        except OSError as err:
-            if self._token is None:
-                raise InClusterConfigError(f"cannot read the token {self.path}: {err}") from None
-            problem = f"{err.strerror or err}"
-            if problem != self._unreadable:
-                logger.warning(
-                    "cannot read the token %s (%s): keeping the one read before", self.path, problem
-                )
-            self._unreadable = problem
-            return
-        self._token, self._read_at, self._unreadable = token, now, None
-
-
 def in_cluster_configuration(
     environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
 ) -> Any:
-    """A ``kubernetes_asyncio`` ``Configuration`` from the service account: the server from
-    ``KUBERNETES_SERVICE_HOST``/``_PORT``, the CA from ``service_account``, the token through a
-    ``ServiceAccountToken``, so a projected token rotated under a running process is picked up
-    within 50 s, and at once after a 401. Go: ``rest.InClusterConfig``."""
-    from kubernetes_asyncio import client
-    from kubernetes_asyncio.config.config_exception import ConfigException
-    from kubernetes_asyncio.config.incluster_config import InClusterConfigLoader
+    """A ``kubernetes_asyncio`` ``Configuration`` from the service account
+    (``k8s_config.in_cluster_config``), its token through a ``ServiceAccountToken``, so a projected
+    token rotated under a running process is picked up within 50 s, and at once after a 401.
+    Go: ``rest.InClusterConfig``. Raises ``InClusterConfigError``."""
+    return _in_cluster_client_configuration(in_cluster_config(environ, service_account))
 
-    configuration = client.Configuration()
-    token = ServiceAccountToken(service_account / "token")
-    loader = InClusterConfigLoader(
-        token_filename=str(token.path),
-        cert_filename=str(service_account / "ca.crt"),
-        try_refresh_token=False,
-        environ=dict(environ),
-    )
-    try:
-        loader.load_and_set(configuration)
-        token(configuration)
-    except (ConfigException, OSError, InClusterConfigError) as err:
-        raise InClusterConfigError(
-            f"in-cluster configuration ({service_account}): {str(err).rstrip('.')}"
-        ) from None
-    configuration.refresh_api_key_hook = token
+
+def _in_cluster_client_configuration(found: InClusterConfig) -> Any:
+    from kubernetes_asyncio import client
+
+    configuration = client.Configuration(host=found.server)
+    configuration.ssl_ca_cert = str(found.ca_file)
+    found.token(configuration)
+    configuration.refresh_api_key_hook = found.token
     return configuration
 
 
@@ -1018,10 +966,61 @@ async def kubeconfig_configuration(kubeconfig: Mapping[str, Any], temp_dir: str)
     return configuration
 
 
+async def client_configuration(config: ClientConfig, temp_dir: str) -> Any:
+    """The ``kubernetes_asyncio`` ``Configuration`` for a resolved ``ClientConfig``; certificate
+    data is written to files in ``temp_dir``. Go: ``rest.Config``. Raises ``KubeconfigError``
+    naming the file and context when the client's loader refuses the context."""
+    found = config.credentials
+    if isinstance(found, InClusterConfig):
+        return _in_cluster_client_configuration(found)
+    try:
+        return await kubeconfig_configuration(found.config, temp_dir)
+    except KubernetesConfigError as err:
+        raise KubeconfigError(
+            f"kubeconfig {found.source.shown}: context {found.context!r}: {err}"
+        ) from None
+
+
 @asynccontextmanager
-async def core_v1_api_session(configuration: Any) -> AsyncIterator[Any]:
-    """A ``CoreV1Api`` on its own ``ApiClient`` (connection pool, credentials), closed on exit."""
+async def api_client_session(config: ClientConfig) -> AsyncIterator[Any]:
+    """An ``ApiClient`` (connection pool, credentials) for ``config``, closed on exit; the
+    certificate data the client writes to files lives in a temporary folder removed on exit."""
+    require_client()
     from kubernetes_asyncio import client
 
-    async with client.ApiClient(configuration=configuration) as api_client:
-        yield client.CoreV1Api(api_client)
+    with tempfile.TemporaryDirectory(prefix="miles-reconcile-") as temp_dir:
+        configuration = await client_configuration(config, temp_dir)
+        async with client.ApiClient(configuration=configuration) as api_client:
+            yield api_client
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubeSession:
+    """An open ``CoreV1Api``, the namespace to use, the server it talks to and the kubeconfig
+    context (``None`` in cluster), for error lines."""
+
+    core_v1_api: Any
+    namespace: str
+    server: str
+    context: str | None
+
+
+@asynccontextmanager
+async def kube_session(
+    target: KubeTarget, environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
+) -> AsyncIterator[KubeSession]:
+    """A ``CoreV1Api`` on its own client session for what ``target`` asks
+    (``k8s_config.resolve_config``), closed on exit. A missing ``[k8s]`` extra is named before
+    any configuration is looked for. ``service_account`` is where a pod's service account is
+    mounted."""
+    require_client()
+    from kubernetes_asyncio import client
+
+    config = resolve_config(target, environ, service_account)
+    async with api_client_session(config) as api_client:
+        yield KubeSession(
+            core_v1_api=client.CoreV1Api(api_client),
+            namespace=config.namespace,
+            server=config.server,
+            context=config.context,
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ssl
 
 from miles.utils.workers.reconcile.k8s_api import as_kubernetes_error
+from miles.utils.workers.reconcile.k8s_config import ConfigurationError, tls_failure_reason
 from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
     KubernetesApiError,
@@ -27,7 +28,7 @@ class CliError(Exception):
 
 def describe_failure(exc: BaseException) -> str | None:
     """The line for a failure the user can act on; ``None`` for a bug, which keeps its traceback."""
-    if isinstance(exc, CliError):
+    if isinstance(exc, CliError | ConfigurationError):
         return str(exc)
     if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in KUBERNETES_EXTRA:
         return f"{exc.name} is not installed: pip install 'miles-reconcile[k8s]'"
@@ -38,7 +39,7 @@ def describe_failure(exc: BaseException) -> str | None:
         ours = as_kubernetes_error(exc)
         described = None if ours is None else _describe_kubernetes_failure(ours)
     if described is None and isinstance(exc, ssl.SSLError):
-        return f"TLS setup failed: {_ssl_reason(exc)}; check the kubeconfig's certificates"
+        return f"TLS setup failed: {tls_failure_reason(exc)}; check the kubeconfig's certificates"
     return described
 
 
@@ -78,7 +79,3 @@ def _describe_connection(exc: KubernetesConnectionError) -> str:
     if exc.kind is ConnectionFailure.TIMEOUT:
         return "timed out waiting for the apiserver"
     return f"talking to the apiserver failed: {reason or exc}"
-
-
-def _ssl_reason(err: ssl.SSLError) -> str:
-    return str(getattr(err, "verify_message", None) or err.reason or err or type(err).__name__)

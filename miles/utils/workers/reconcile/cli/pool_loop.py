@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from miles.utils.workers.reconcile.cli.failures import CliError
-from miles.utils.workers.reconcile.cli.kube_session import KubeTarget
+from miles.utils.workers.reconcile.k8s_config import KubeTarget
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 from miles.utils.workers.reconcile.source_event import ParentKey
@@ -55,8 +55,7 @@ async def connected_pool(
     target: KubeTarget, environ: Mapping[str, str], *, selector: str, parent_label: str
 ) -> AsyncIterator[tuple[PoolOptions, KubernetesPodApi]]:
     """The pool's options in the session's namespace, and the pod API over that session."""
-    from miles.utils.workers.reconcile.cli.kube_session import kube_session
-    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, kube_session
 
     async with kube_session(target, environ) as session:
         options = PoolOptions(

@@ -322,14 +322,15 @@ def pairing_loop(
 
 
 async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[str, str]) -> int:
-    from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
     from miles.utils.workers.reconcile.client import Client
     from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
     from miles.utils.workers.reconcile.k8s_api import (
         KubernetesAsyncioLeaseApi,
         KubernetesAsyncioPodApi,
         KubernetesAsyncioTransport,
+        kube_session,
     )
+    from miles.utils.workers.reconcile.k8s_config import KubeTarget
     from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
     from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock
     from miles.utils.workers.reconcile.manager.manager import Manager, run_until_signalled

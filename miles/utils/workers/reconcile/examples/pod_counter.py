@@ -21,8 +21,8 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from miles.utils.workers.reconcile.clock import RealClock
 from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
@@ -64,13 +64,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def parent_of(label: str) -> Callable[[Any], ParentKey | None]:
+    """The loop's ``key_map``: a pod's parent is the value of its ``label``; no label, no parent."""
+
+    def key_map(pod: Any) -> ParentKey | None:
+        value: str | None = pod.metadata.labels.get(label)
+        return value or None
+
+    return key_map
+
+
 async def run(args: argparse.Namespace) -> int:
-    from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, kube_session
-    from miles.utils.workers.reconcile.cli.pool_loop import parent_label_map
     from miles.utils.workers.reconcile.k8s_api import (
         KubernetesAsyncioLeaseApi,
         KubernetesAsyncioPodApi,
+        kube_session,
     )
+    from miles.utils.workers.reconcile.k8s_config import KubeTarget
     from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
     from miles.utils.workers.reconcile.loop import ReconcileLoop
 
@@ -102,7 +112,7 @@ async def run(args: argparse.Namespace) -> int:
         loop = ReconcileLoop(
             source=reflector.watch,
             reconcile=reconcile,
-            key_map=parent_label_map(args.parent_label),
+            key_map=parent_of(args.parent_label),
             metrics=_global_registry() if metrics else None,
             leadership=elector,
         )

@@ -16,6 +16,7 @@ import pytest
 import miles.utils.workers.reconcile as runtime
 from miles.utils.workers.reconcile import (
     k8s_api,
+    k8s_config,
     k8s_errors,
     k8s_interfaces,
     k8s_values,
@@ -197,11 +198,14 @@ _RUNTIME = Path(runtime.__path__[0])
         ("PodWatchEvent", k8s_values),
         ("KubernetesPodApi", k8s_interfaces),
         ("exception_rejects_cursor", k8s_errors),
+        ("ServiceAccountToken", k8s_config),
+        ("in_cluster_possible", k8s_config),
     ],
 )
 def test_the_contracts_names_stay_importable_from_the_transport(name: str, home: object) -> None:
-    """The contract's old shape: ``from ...k8s_api import PodListPage`` (and the rest) still gives
-    the one class or function, whose home is its own module."""
+    """The contract's old shape: ``from ...k8s_api import PodListPage`` (and the rest, the
+    service account's token among them) still gives the one class or function, whose home is its
+    own module."""
     assert name in k8s_api.__all__
     assert getattr(k8s_api, name) is getattr(home, name)
     assert getattr(k8s_api, name).__module__ == home.__name__  # type: ignore[attr-defined]
@@ -235,6 +239,26 @@ def test_every_import_of_an_adapter_name_goes_to_its_home() -> None:
         if name not in own
     ]
     assert borrowed == []
+
+
+def test_the_examples_import_nothing_from_the_command() -> None:
+    """Layers: an example connects as any controller does (``k8s_config``, ``k8s_api``), never
+    through the command's parts."""
+    command = {_module_name(path) for path in (_RUNTIME / "cli").rglob("*.py")}
+    pool_loop = _RUNTIME / "cli" / "pool_loop.py"
+    assert _imports_of(pool_loop, _module_name(pool_loop), command), "a late import is seen"
+    examples = sorted((_RUNTIME / "examples").rglob("*.py"))
+    found = [
+        f"{path.name} imports {name}"
+        for path in examples
+        for name in sorted(_imports_of(path, _module_name(path), command))
+    ]
+    assert len(examples) >= 3
+    assert found == []
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(_REPOSITORY).with_suffix("").parts).removesuffix(".__init__")
 
 
 def _imports_of(path: Path, module: str, modules: set[str]) -> set[str]:
@@ -281,12 +305,7 @@ def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_import_graph_of_what_ships_has_no_cycle() -> None:
     """Packaging: no module under ``miles`` imports, however late, a module that imports it back
     (``loop`` reports to ``metrics`` through ``metrics_provider`` and is never imported by it)."""
-    paths = {
-        ".".join(path.relative_to(_REPOSITORY).with_suffix("").parts).removesuffix(
-            ".__init__"
-        ): path
-        for path in sorted((_REPOSITORY / "miles").rglob("*.py"))
-    }
+    paths = {_module_name(path): path for path in sorted((_REPOSITORY / "miles").rglob("*.py"))}
     graph = {module: _imports_of(path, module, set(paths)) for module, path in paths.items()}
     loop = "miles.utils.workers.reconcile.loop"
     assert "miles.utils.workers.reconcile.metrics" in graph[loop], "the lazy import is seen"

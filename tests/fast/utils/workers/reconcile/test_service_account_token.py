@@ -1,13 +1,11 @@
-"""The in-cluster token as client-go keeps it (``transport.cachingTokenSource``): read again after
-50 s, and before the next request once the apiserver refused one with 401. Unit tests on a fake
-clock, and a wire test (no cluster, real sockets): the transport through a real
-``kubernetes_asyncio`` ``ApiClient`` against an aiohttp server on loopback that accepts only the
-newest token.
+"""The in-cluster token as client-go keeps it (``transport.cachingTokenSource``), on the wire
+(no cluster, real sockets): the transport through a real ``kubernetes_asyncio`` ``ApiClient``
+against an aiohttp server on loopback that accepts only the newest token, so the request after a
+401 reads the file again. The token's own rules are ``test_k8s_config``'s.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -16,27 +14,9 @@ from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, CoreV1Api
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import list_body, realistic_pod
-from miles.utils.workers.reconcile.k8s_api import (
-    TOKEN_CACHE_SECONDS,
-    KubernetesAsyncioPodApi,
-    ServiceAccountToken,
-    in_cluster_configuration,
-)
-from miles.utils.workers.reconcile.k8s_errors import InClusterConfigError, KubernetesApiError
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, in_cluster_configuration
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
 from miles.utils.workers.reconcile.k8s_values import ListOptions
-
-
-class Configuration:
-    def __init__(self) -> None:
-        self.api_key: dict[str, str] = {}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def rotate(path: Path, token: str) -> None:
@@ -44,60 +24,6 @@ def rotate(path: Path, token: str) -> None:
     fresh = path.with_name(".token.new")
     fresh.write_text(token)
     os.replace(fresh, path)
-
-
-def test_the_token_is_read_again_after_50_seconds(tmp_path: Path) -> None:
-    path, clock, configuration = tmp_path / "token", Clock(), Configuration()
-    path.write_text("first\n")
-    token = ServiceAccountToken(path, clock=clock)
-    token(configuration)
-    assert configuration.api_key["BearerToken"] == "Bearer first"
-    rotate(path, "second")
-    clock.now += TOKEN_CACHE_SECONDS - 1
-    token(configuration)
-    assert configuration.api_key["BearerToken"] == "Bearer first"
-    clock.now += 1
-    token(configuration)
-    assert configuration.api_key["BearerToken"] == "Bearer second"
-
-
-def test_a_forgotten_token_is_read_before_the_next_request(tmp_path: Path) -> None:
-    path, clock, configuration = tmp_path / "token", Clock(), Configuration()
-    path.write_text("first")
-    token = ServiceAccountToken(path, clock=clock)
-    token(configuration)
-    rotate(path, "second")
-    token.forget()
-    token(configuration)
-    assert configuration.api_key["BearerToken"] == "Bearer second"
-
-
-def test_an_unreadable_file_keeps_the_last_token_with_one_warning(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    path, clock, configuration = tmp_path / "token", Clock(), Configuration()
-    path.write_text("first")
-    token = ServiceAccountToken(path, clock=clock)
-    token(configuration)
-    path.unlink()
-    with caplog.at_level(logging.WARNING):
-        for _ in range(3):
-            clock.now += TOKEN_CACHE_SECONDS
-            token(configuration)
-    assert configuration.api_key["BearerToken"] == "Bearer first"
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert str(path) in line
-    assert "keeping the one read before" in line
-    path.write_text("second")
-    clock.now += TOKEN_CACHE_SECONDS
-    token(configuration)
-    assert configuration.api_key["BearerToken"] == "Bearer second"
-
-
-def test_a_token_never_read_is_a_configuration_error(tmp_path: Path) -> None:
-    token = ServiceAccountToken(tmp_path / "token", clock=Clock())
-    with pytest.raises(InClusterConfigError, match="cannot read the token"):
-        token(Configuration())
 
 
 async def test_after_a_401_the_next_request_carries_the_rotated_token(tmp_path: Path) -> None:

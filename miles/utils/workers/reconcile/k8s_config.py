@@ -1,30 +1,45 @@
-"""Kubeconfig files read and merged as kubectl reads them. Go: ``clientcmd``'s
-``ClientConfigLoadingRules`` (``Load``, ``ResolveLocalPaths``) and ``DirectClientConfig``.
+"""Where a client finds its apiserver and credentials. Go: client-go ``tools/clientcmd`` with
+``rest.InClusterConfig``, in controller-runtime's ``pkg/client/config.GetConfig`` order.
 
-``--kubeconfig`` names one file, which must exist. Otherwise every file of ``$KUBECONFIG`` that
-exists is merged, in order: the first file to set ``current-context``, or a cluster, user or context
-of a given name, wins, and entries are never merged field by field. Without either,
-``~/.kube/config``. Relative paths inside a file are resolved against that file's folder.
+Kubeconfig files are read as kubectl reads them (``ClientConfigLoadingRules``): ``--kubeconfig``
+names one file, which must exist; otherwise every file of ``$KUBECONFIG`` that exists is merged, in
+order: the first file to set ``current-context``, or a cluster, user or context of a given name,
+wins, and entries are never merged field by field; without either, ``~/.kube/config``. Relative
+paths inside a file are resolved against that file's folder. In a pod, the mounted service account
+gives the server, the CA and a token re-read as client-go re-reads it (``ServiceAccountToken``).
+``resolve_config`` picks one of the two; ``tls_failure_reason`` is the one reading of a TLS error.
 
-Every problem raises :class:`KubeconfigError`, whose message names the file and says what is wrong.
-Nothing here opens a connection; ``kube_session`` does.
+Pure: files, the environment and ``ssl``. ``k8s_api`` turns a ``ClientConfig`` into the client
+library's configuration and opens the session (``client_configuration``, ``kube_session``). Every
+problem raises ``ConfigurationError``, whose message is the one line to show.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles.utils.workers.reconcile.cli.failures import CliError
+from miles.utils.workers.reconcile.k8s_errors import InClusterConfigError, KubernetesConfigError
 
+logger = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "default"
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+"""Where a pod's service account is mounted: ``token``, ``ca.crt`` and ``namespace``."""
+SERVICE_HOST, SERVICE_PORT = "KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"
+TOKEN_CACHE_SECONDS = 50.0
+"""How long a token read from its file is used before the file is read again: client-go's
+``NewCachedFileTokenSource`` (a minute, less its 10 s leeway)."""
 NAMED_SECTIONS = {"clusters": "cluster", "users": "user", "contexts": "context"}
 PATH_FIELDS = {
     "cluster": ("certificate-authority",),
@@ -32,8 +47,23 @@ PATH_FIELDS = {
 }
 
 
-class KubeconfigError(CliError):
+class ConfigurationError(KubernetesConfigError):
+    """No usable configuration; the message is one line naming where it looked and what is
+    wrong."""
+
+
+class KubeconfigError(ConfigurationError):
     """A kubeconfig that cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubeTarget:
+    """What the user asked for: ``--kubeconfig``, ``--context`` and ``-n`` (each may be unset).
+    Go: ``clientcmd.ConfigOverrides`` with the loading rules' ``ExplicitPath``."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +96,173 @@ class ResolvedContext:
     namespace: str | None
     server: str
     config: dict[str, Any]
+
+
+class ServiceAccountToken:
+    """The bearer token from a mounted file, as a ``Configuration.refresh_api_key_hook``: read
+    before the first request, again once ``TOKEN_CACHE_SECONDS`` have passed, and again before
+    the next request after the apiserver refused one with 401 (``forget``). Go:
+    ``transport.cachingTokenSource`` and ``tokenSourceTransport``'s ``ResetTokenOlderThan``.
+    A file that cannot be read keeps the token last read, with one warning."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self._clock = clock
+        self._token: str | None = None
+        self._read_at: float | None = None
+        self._unreadable: str | None = None
+
+    def __call__(self, configuration: Any) -> None:
+        token = self.current()
+        if token is not None:
+            configuration.api_key["BearerToken"] = f"Bearer {token}"
+
+    def current(self) -> str | None:
+        """The token to send now, the file read first when the one held is stale; raises
+        ``InClusterConfigError`` when no token was ever read."""
+        now = self._clock()
+        if self._read_at is None or now - self._read_at >= TOKEN_CACHE_SECONDS:
+            self._read(now)
+        return self._token
+
+    def forget(self) -> None:
+        """The next request reads the file first."""
+        self._read_at = None
+
+    def _read(self, now: float) -> None:
+        try:
+            token = self.path.read_text().strip()
+        except OSError as err:
+            if self._token is None:
+                raise InClusterConfigError(f"cannot read the token {self.path}: {err}") from None
+            problem = f"{err.strerror or err}"
+            if problem != self._unreadable:
+                logger.warning(
+                    "cannot read the token %s (%s): keeping the one read before", self.path, problem
+                )
+            self._unreadable = problem
+            return
+        self._token, self._read_at, self._unreadable = token, now, None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InClusterConfig:
+    """The service account's view of the apiserver. Go: ``rest.InClusterConfig``'s result."""
+
+    server: str
+    ca_file: Path
+    token: ServiceAccountToken
+    namespace: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientConfig:
+    """A resolved configuration: the credentials (one kubeconfig context, or the service account)
+    and the namespace to use. Go: ``rest.Config`` with ``clientcmd.ClientConfig.Namespace``."""
+
+    credentials: ResolvedContext | InClusterConfig
+    namespace: str
+
+    @property
+    def server(self) -> str:
+        return self.credentials.server
+
+    @property
+    def context(self) -> str | None:
+        """The kubeconfig context; ``None`` in cluster."""
+        creds = self.credentials
+        return creds.context if isinstance(creds, ResolvedContext) else None
+
+
+def resolve_config(
+    target: KubeTarget, environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
+) -> ClientConfig:
+    """controller-runtime's order (``config.GetConfig``): ``--kubeconfig``; else, unless
+    ``KUBECONFIG`` is set (or ``--context`` names a kubeconfig context), the service account when
+    in a pod; else ``KUBECONFIG`` or ``~/.kube/config``; else the service account, or one line
+    naming every place looked in."""
+    in_cluster_first = not (target.kubeconfig or target.context or environ.get("KUBECONFIG"))
+    if in_cluster_first and in_cluster_possible(environ, service_account):
+        return _in_cluster(target, environ, service_account)
+    source = find_kubeconfig(target.kubeconfig, environ)
+    if source is None:
+        if not environ.get(SERVICE_HOST):
+            raise ConfigurationError(
+                "no Kubernetes configuration: no kubeconfig (--kubeconfig, $KUBECONFIG,"
+                f" ~/.kube/config) and not in a pod ({SERVICE_HOST} unset,"
+                f" no {service_account / 'token'})"
+            )
+        if target.context:
+            raise ConfigurationError(f"--context {target.context}: no kubeconfig to find it in")
+        return _in_cluster(target, environ, service_account)
+    resolved = resolve_context(source, target.context)
+    check_certificates(resolved)
+    namespace = target.namespace or resolved.namespace or DEFAULT_NAMESPACE
+    return ClientConfig(credentials=resolved, namespace=namespace)
+
+
+def _in_cluster(
+    target: KubeTarget, environ: Mapping[str, str], service_account: Path
+) -> ClientConfig:
+    try:
+        found = in_cluster_config(environ, service_account)
+    except InClusterConfigError as err:
+        raise ConfigurationError(f"{err}; pass --kubeconfig when not running in a pod") from None
+    namespace = target.namespace or found.namespace or DEFAULT_NAMESPACE
+    return ClientConfig(credentials=found, namespace=namespace)
+
+
+def in_cluster_possible(
+    environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
+) -> bool:
+    """Go: clientcmd's ``inClusterClientConfig.Possible``: the service's host and port are set and
+    the token file exists."""
+    token = service_account / "token"
+    return bool(environ.get(SERVICE_HOST)) and bool(environ.get(SERVICE_PORT)) and token.is_file()
+
+
+def in_cluster_config(
+    environ: Mapping[str, str], service_account: Path = SERVICE_ACCOUNT
+) -> InClusterConfig:
+    """The server from ``KUBERNETES_SERVICE_HOST``/``_PORT``, the CA, token and namespace from
+    ``service_account``; the token is read once here, so a missing one fails now. Raises
+    ``InClusterConfigError``, one line naming the folder. Go: ``rest.InClusterConfig``."""
+    token = ServiceAccountToken(service_account / "token")
+    ca_file = service_account / "ca.crt"
+    try:
+        server = _service_server(environ)
+        if not token.path.is_file():
+            raise InClusterConfigError("Service token file does not exist")
+        if not token.current():
+            raise InClusterConfigError("Token file exists but empty")
+        if not ca_file.is_file():
+            raise InClusterConfigError("Service certification file does not exist")
+        if not ca_file.read_bytes():
+            raise InClusterConfigError("Cert file exists but empty")
+    except (OSError, InClusterConfigError) as err:
+        raise InClusterConfigError(
+            f"in-cluster configuration ({service_account}): {str(err).rstrip('.')}"
+        ) from None
+    namespace = _service_account_namespace(service_account)
+    return InClusterConfig(server=server, ca_file=ca_file, token=token, namespace=namespace)
+
+
+def _service_server(environ: Mapping[str, str]) -> str:
+    if SERVICE_HOST not in environ or SERVICE_PORT not in environ:
+        raise InClusterConfigError("Service host/port is not set")
+    host, port = environ[SERVICE_HOST], environ[SERVICE_PORT]
+    if not host or not port:
+        raise InClusterConfigError("Service host/port is set but empty")
+    # Go's net.JoinHostPort: an IPv6 address is bracketed.
+    joined = f"[{host}]:{port}" if ":" in host or "%" in host else f"{host}:{port}"
+    return f"https://{joined}"
+
+
+def _service_account_namespace(service_account: Path) -> str | None:
+    try:
+        return (service_account / "namespace").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def find_kubeconfig(explicit: str | None, environ: Mapping[str, str]) -> KubeconfigSource | None:
@@ -206,12 +403,20 @@ def check_certificates(resolved: ResolvedContext) -> None:
             ssl.create_default_context(cadata=ca.decode(errors="replace"))
         except (ssl.SSLError, ValueError) as err:
             raise KubeconfigError(
-                f"{where}: certificate-authority is not a usable certificate ({_ssl_reason(err)})"
+                f"{where}: certificate-authority is not a usable certificate "
+                f"({tls_failure_reason(err)})"
             ) from None
     cert = _pem(user, "client-certificate", where)
     key = _pem(user, "client-key", where)
     if cert is not None and key is not None:
         _check_key_pair(cert, key, where)
+
+
+def tls_failure_reason(err: BaseException) -> str:
+    """What the TLS library says went wrong: a verification failure's message (``certificate has
+    expired``), else its reason (``WRONG_VERSION_NUMBER``), else the error's text or type."""
+    reason = getattr(err, "verify_message", None) or getattr(err, "reason", None)
+    return str(reason) if reason else str(err) or type(err).__name__
 
 
 def _check_key_pair(cert: bytes, key: bytes, where: str) -> None:
@@ -224,7 +429,7 @@ def _check_key_pair(cert: bytes, key: bytes, where: str) -> None:
         except (ssl.SSLError, ValueError) as err:
             raise KubeconfigError(
                 f"{where}: client-certificate and client-key do not load as a key pair "
-                f"({_ssl_reason(err)})"
+                f"({tls_failure_reason(err)})"
             ) from None
 
 
@@ -242,10 +447,6 @@ def _pem(section: Mapping[str, Any], field: str, where: str) -> bytes | None:
         return Path(path).read_bytes()
     except OSError as err:
         raise KubeconfigError(f"{where}: {field} {path}: {err.strerror}") from None
-
-
-def _ssl_reason(err: Exception) -> str:
-    return getattr(err, "reason", None) or str(err) or type(err).__name__
 
 
 def _entry(

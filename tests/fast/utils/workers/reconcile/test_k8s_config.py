@@ -1,9 +1,15 @@
-"""Kubeconfig files read as kubectl reads them, and every bad one as one line with exit 2."""
+"""Where a client finds its apiserver (``k8s_config``): kubeconfig files read as kubectl reads
+them, every bad one as one line with exit 2; the service account in a pod, in controller-runtime's
+order; the service-account token re-read as client-go re-reads it (after 50 s, and before the next
+request once one was refused 401). Unit tests on a fake clock."""
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
+import os
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,13 +17,22 @@ from typing import Any
 import pytest
 
 from miles.utils.workers.reconcile import cli
-from miles.utils.workers.reconcile.cli.failures import CliError, describe_failure
-from miles.utils.workers.reconcile.cli.kube_session import KubeTarget, _configure
-from miles.utils.workers.reconcile.cli.kubeconfig import (
+from miles.utils.workers.reconcile.cli.failures import describe_failure
+from miles.utils.workers.reconcile.k8s_api import client_configuration, kube_session
+from miles.utils.workers.reconcile.k8s_config import (
+    SERVICE_ACCOUNT,
+    TOKEN_CACHE_SECONDS,
+    ConfigurationError,
     KubeconfigError,
+    KubeTarget,
+    ServiceAccountToken,
     find_kubeconfig,
+    in_cluster_config,
+    resolve_config,
     resolve_context,
+    tls_failure_reason,
 )
+from miles.utils.workers.reconcile.k8s_errors import InClusterConfigError
 
 
 def kubeconfig(
@@ -57,6 +72,18 @@ def resolved(environ: dict[str, str], context: str | None = None) -> Any:
     source = find_kubeconfig(None, environ)
     assert source is not None
     return resolve_context(source, context)
+
+
+async def _configure(
+    target: KubeTarget,
+    environ: dict[str, str],
+    temp_dir: str,
+    service_account: Path = SERVICE_ACCOUNT,
+) -> tuple[Any, str, str, str | None]:
+    """The client's configuration, namespace, server and context ``target`` resolves to."""
+    config = resolve_config(target, environ, service_account)
+    configuration = await client_configuration(config, temp_dir)
+    return configuration, config.namespace, config.server, config.context
 
 
 def test_kubeconfig_list_merges_as_kubectl_does_first_file_wins(tmp_path: Path) -> None:
@@ -235,8 +262,9 @@ def test_missing_kubeconfigs_are_one_line_and_exit_2(
     assert problem in lines[0]
 
 
-def test_kubeconfig_error_is_a_cli_error_with_the_line() -> None:
+def test_kubeconfig_error_is_a_configuration_error_with_the_line() -> None:
     assert str(KubeconfigError("kubeconfig /x: bad")) == "kubeconfig /x: bad"
+    assert describe_failure(KubeconfigError("kubeconfig /x: bad")) == "kubeconfig /x: bad"
 
 
 async def test_without_a_kubeconfig_inside_a_pod_the_service_account_is_used(
@@ -262,7 +290,7 @@ async def test_without_a_kubeconfig_inside_a_pod_the_service_account_is_used(
     assert configuration.ssl_ca_cert == str(account / "ca.crt")
     flagged = await _configure(KubeTarget(namespace="mine"), environ, str(tmp_path), account)
     assert flagged[1] == "mine"
-    with pytest.raises(CliError, match="Service token file does not exist"):
+    with pytest.raises(ConfigurationError, match="Service token file does not exist"):
         await _configure(KubeTarget(), environ, str(tmp_path), tmp_path / "none")
 
 
@@ -311,7 +339,137 @@ async def test_a_missing_kubernetes_extra_is_named_before_any_configuration_is_l
     installed wheel's ``watch`` said "no Kubernetes configuration" instead)."""
     monkeypatch.setitem(sys.modules, "kubernetes_asyncio", None)
     with pytest.raises(ImportError) as raised:
-        await _configure(KubeTarget(), {}, str(tmp_path), tmp_path / "no-account")
+        async with kube_session(KubeTarget(), {}, tmp_path / "no-account"):
+            pass
     assert describe_failure(raised.value) == (
         "kubernetes_asyncio is not installed: pip install 'miles-reconcile[k8s]'"
     )
+
+
+class Configuration:
+    def __init__(self) -> None:
+        self.api_key: dict[str, str] = {}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def rotate(path: Path, token: str) -> None:
+    """As the kubelet updates a projected volume: the new file is renamed over the old."""
+    fresh = path.with_name(".token.new")
+    fresh.write_text(token)
+    os.replace(fresh, path)
+
+
+def test_the_token_is_read_again_after_50_seconds(tmp_path: Path) -> None:
+    path, clock, configuration = tmp_path / "token", Clock(), Configuration()
+    path.write_text("first\n")
+    token = ServiceAccountToken(path, clock=clock)
+    token(configuration)
+    assert configuration.api_key["BearerToken"] == "Bearer first"
+    rotate(path, "second")
+    clock.now += TOKEN_CACHE_SECONDS - 1
+    token(configuration)
+    assert configuration.api_key["BearerToken"] == "Bearer first"
+    clock.now += 1
+    token(configuration)
+    assert configuration.api_key["BearerToken"] == "Bearer second"
+
+
+def test_a_forgotten_token_is_read_before_the_next_request(tmp_path: Path) -> None:
+    path, clock, configuration = tmp_path / "token", Clock(), Configuration()
+    path.write_text("first")
+    token = ServiceAccountToken(path, clock=clock)
+    token(configuration)
+    rotate(path, "second")
+    token.forget()
+    token(configuration)
+    assert configuration.api_key["BearerToken"] == "Bearer second"
+
+
+def test_an_unreadable_file_keeps_the_last_token_with_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, clock, configuration = tmp_path / "token", Clock(), Configuration()
+    path.write_text("first")
+    token = ServiceAccountToken(path, clock=clock)
+    token(configuration)
+    path.unlink()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            clock.now += TOKEN_CACHE_SECONDS
+            token(configuration)
+    assert configuration.api_key["BearerToken"] == "Bearer first"
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert str(path) in line
+    assert "keeping the one read before" in line
+    path.write_text("second")
+    clock.now += TOKEN_CACHE_SECONDS
+    token(configuration)
+    assert configuration.api_key["BearerToken"] == "Bearer second"
+
+
+def test_a_token_never_read_is_a_configuration_error(tmp_path: Path) -> None:
+    token = ServiceAccountToken(tmp_path / "token", clock=Clock())
+    with pytest.raises(InClusterConfigError, match="cannot read the token"):
+        token(Configuration())
+
+
+def test_an_ipv6_service_host_is_bracketed_as_go_joins_it(tmp_path: Path) -> None:
+    """``rest.InClusterConfig`` joins host and port with ``net.JoinHostPort``."""
+    account = _service_account(tmp_path / "serviceaccount")
+    environ = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    found = in_cluster_config(environ, account)
+    assert (found.server, found.namespace) == ("https://[fd00::1]:443", "team-ns")
+    assert found.ca_file == account / "ca.crt"
+
+
+IN_POD = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "emptied", "problem"),
+    [
+        ({**IN_POD, "KUBERNETES_SERVICE_HOST": ""}, None, "Service host/port is set but empty"),
+        ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, None, "Service host/port is not set"),
+        (IN_POD, "token", "Token file exists but empty"),
+        (IN_POD, "ca.crt", "Cert file exists but empty"),
+    ],
+)
+def test_an_unusable_service_account_is_one_line_naming_its_folder(
+    environ: dict[str, str], emptied: str | None, problem: str, tmp_path: Path
+) -> None:
+    """The lines ``kubernetes_asyncio``'s in-cluster loader gave, now read without it."""
+    account = _service_account(tmp_path / "serviceaccount")
+    if emptied:
+        (account / emptied).write_text("")
+    with pytest.raises(InClusterConfigError) as raised:
+        in_cluster_config(environ, account)
+    assert str(raised.value) == f"in-cluster configuration ({account}): {problem}"
+
+
+class _Verification(ssl.SSLCertVerificationError):
+    verify_message = "certificate has expired"
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (
+            _Verification(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"),
+            "certificate has expired",
+        ),
+        (ValueError("no certificate found"), "no certificate found"),
+        (OSError(), "OSError"),
+    ],
+)
+def test_a_tls_failure_reads_as_the_tls_librarys_reason(error: Exception, reason: str) -> None:
+    """The transport's connection errors, the kubeconfig checks and the command's ``TLS setup
+    failed`` line read the same reason: the verification message, else the reason, else the
+    text, else the type."""
+    assert tls_failure_reason(error) == reason
