@@ -1,6 +1,7 @@
-"""Fast layer, properties: no bytes make the decoders raise anything but ``FrameDecodeError``,
-no frame ends the reflector's stream, and a LIST decode runs with the cyclic collector paused and
-leaves it as it found it."""
+"""Wire decoding (``k8s_wire``), properties: no bytes make the decoders raise anything but
+``FrameDecodeError``, so no frame ends the reflector's stream; a LIST decode and a read's watch
+lines run with the cyclic collector paused and leave it as they found it; cutting the managed
+fields never changes what a line decodes to."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import gc
 import json
 import weakref
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +26,6 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
 from miles.utils.workers.reconcile import k8s_wire, managed_fields
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
-from miles.utils.workers.reconcile.k8s_framing import iter_lines
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_values import PodListPage, PodWatchEvent
 from miles.utils.workers.reconcile.k8s_wire import decode_pod_list, decode_watch_line
@@ -148,25 +147,6 @@ def test_list_decode_pauses_the_collector_and_restores_its_state(
         (gc.enable if was_enabled else gc.disable)()
     assert seen
     assert not any(seen)
-
-
-@given(st.lists(st.binary(max_size=60), max_size=6), st.data())
-@settings(deadline=None)
-def test_line_splitting_ignores_chunk_boundaries(lines: list[bytes], data: st.DataObject) -> None:
-    payload = b"".join(line.replace(b"\n", b"") + b"\n" for line in lines)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(payload)), max_size=5)))
-    bounds = zip([0, *cuts], [*cuts, len(payload)], strict=True)
-    chunks = [payload[a:b] for a, b in bounds if b > a]
-
-    class Content:
-        async def readany(self) -> bytes:
-            return chunks.pop(0) if chunks else b""
-
-    async def split() -> list[bytes]:
-        return [line async for line in iter_lines(Content())]
-
-    expected = [line.replace(b"\n", b"") for line in lines]
-    assert asyncio.run(split()) == [line for line in expected if line.strip()]
 
 
 class DecodingFakeApi:
@@ -322,7 +302,6 @@ def test_cyclic_garbage_made_beside_a_steady_watch_is_still_collected() -> None:
     assert alive < len(made) / 4, f"{alive} of {len(made)} cycles alive"
 
 
-RECORDED = Path(__file__).parent / "wire"
 awkward_text = st.lists(
     st.sampled_from(['"', "\\", "]", "[", "}", "{", ",", ":", "a", "é", ',"managedFields":[']),
     max_size=8,
@@ -359,20 +338,6 @@ def test_cutting_managed_fields_never_changes_what_a_line_decodes_to(pod: Any) -
         _uncut(monkeypatch)
         whole = _decode_or_documented_error(line)
     assert repr(cut) == repr(whole)
-
-
-def test_the_cut_removes_exactly_each_pods_managed_fields_from_recorded_bytes() -> None:
-    """On bytes a 1.36 apiserver wrote (``wire/``): a LIST body and each watch line, cut, read as
-    the same JSON with every ``metadata.managedFields`` removed, and nothing else."""
-    samples = [(RECORDED / "list.json").read_bytes()]
-    samples += (RECORDED / "watch.jsonl").read_bytes().splitlines()
-    cut_any = False
-    for data in samples:
-        expected = json.loads(data)
-        for pod in expected.get("items") or [expected.get("object") or {}]:
-            cut_any |= pod.get("metadata", {}).pop("managedFields", None) is not None
-        assert json.loads(managed_fields.without_managed_fields(data)) == expected
-    assert cut_any
 
 
 def test_a_cut_inside_a_string_falls_back_to_the_whole_line() -> None:

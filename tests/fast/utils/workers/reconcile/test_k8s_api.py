@@ -1,16 +1,18 @@
-"""Wire layer (no cluster, real sockets): ``KubernetesAsyncioPodApi`` through a real
-``kubernetes_asyncio`` ``ApiClient`` against an aiohttp server on loopback. It serves bytes recorded
-from a real kube-apiserver (``wire/``, re-recorded by ``wire/record.py``) and, for what a healthy
-apiserver never sends, bytes shaped like them. Every timeout is a fraction of a second.
+"""The transport (``k8s_api``), wire layer (no cluster, real sockets): ``KubernetesAsyncioPodApi``
+through a real ``kubernetes_asyncio`` ``ApiClient`` against an aiohttp server on loopback. It serves
+bytes recorded from a real kube-apiserver (``wire/``, re-recorded by ``wire/record.py``) and, for
+what a healthy apiserver never sends, bytes shaped like them. Every timeout is a fraction of a
+second. Also: the translation of the client's failures into our errors, and the in-cluster token
+read again before the request after a 401.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
 import json
 import logging
+import os
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -22,7 +24,6 @@ from typing import Any, TypeVar
 import pytest
 from aiohttp import web
 from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api
-from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
 from miles.utils.k8s_testenv.testing.k8s_fakes import (
@@ -34,8 +35,12 @@ from miles.utils.k8s_testenv.testing.k8s_fakes import (
     status,
 )
 from miles.utils.workers.reconcile import k8s_wire
-from miles.utils.workers.reconcile.clock import FakeClock, RealClock, settle
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, as_kubernetes_error
+from miles.utils.workers.reconcile.clock import FakeClock, RealClock
+from miles.utils.workers.reconcile.k8s_api import (
+    KubernetesAsyncioPodApi,
+    as_kubernetes_error,
+    in_cluster_configuration,
+)
 from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
     FrameDecodeError,
@@ -45,7 +50,6 @@ from miles.utils.workers.reconcile.k8s_errors import (
     exception_keeps_cursor,
     exception_rejects_cursor,
 )
-from miles.utils.workers.reconcile.k8s_framing import ReadIdleDeadline
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
@@ -987,117 +991,6 @@ async def test_a_pod_api_over_kubernetes_asyncio_watch_relists_on_a_410() -> Non
     assert reflector.source_status().relists == {"cursor expired": 1}
 
 
-@pytest.mark.parametrize(
-    "obj",
-    [
-        realistic_pod("a", resource_version="7"),
-        Pod.model_validate(realistic_pod("a", resource_version="7")).model_dump(),
-    ],
-    ids=["camelCase dict", "snake_case dict"],
-)
-def test_from_frame_reads_a_pod_frame_from_a_dict(obj: Any) -> None:
-    event = PodWatchEvent.from_frame(event_type="MODIFIED", obj=obj)
-    assert (event.type, event.resource_version) == ("MODIFIED", "7")
-    assert event.pod is not None
-    assert event.pod.metadata.name == "a"
-
-
-async def test_from_frame_reads_a_kubernetes_asyncio_model() -> None:
-    raw = realistic_pod("a", resource_version="7")
-    async with ApiClient() as client:
-        model = client.deserialize(SimpleNamespace(data=json.dumps(raw)), "V1Pod")
-    event = PodWatchEvent.from_frame(event_type="ADDED", obj=model)
-    assert event.pod is not None
-    assert (event.pod.metadata.name, event.resource_version) == ("a", "7")
-    assert event.pod.status.container_statuses[0].name == "engine"
-
-
-def test_from_frame_reads_bookmarks_and_errors() -> None:
-    end = {
-        "kind": "Pod",
-        "metadata": {"resourceVersion": "9", "annotations": {"k8s.io/initial-events-end": "true"}},
-    }
-    marked = PodWatchEvent.from_frame(event_type="BOOKMARK", obj=end)
-    plain = PodWatchEvent.from_frame(
-        event_type="BOOKMARK", obj={"metadata": {"resourceVersion": "8"}}
-    )
-    failed = PodWatchEvent.from_frame(event_type="ERROR", obj=status(410, "Expired"))
-    assert (marked.resource_version, marked.initial_events_end) == ("9", True)
-    assert (plain.resource_version, plain.initial_events_end) == ("8", False)
-    assert (failed.type, failed.code, failed.rejects_cursor) == ("ERROR", 410, True)
-
-
-def test_from_frame_rejects_what_it_cannot_read() -> None:
-    broken = realistic_pod("a", resource_version="7")
-    del broken["metadata"]["name"]
-    with pytest.raises(FrameDecodeError) as invalid:
-        PodWatchEvent.from_frame(event_type="ADDED", obj=broken)
-    with pytest.raises(FrameDecodeError) as unreadable:
-        PodWatchEvent.from_frame(event_type="ADDED", obj=None)
-    with pytest.raises(FrameDecodeError) as unknown:
-        PodWatchEvent.from_frame(event_type="SOMETHING", obj={})
-    assert (invalid.value.resource_version, invalid.value.event_type) == ("7", "ADDED")
-    assert unreadable.value.resource_version is None
-    assert unknown.value.resource_version is None
-    assert "SOMETHING" in unknown.value.reason
-
-
-class _Coded(Exception):
-    def __init__(self, **attributes: Any) -> None:
-        super().__init__("coded")
-        self.__dict__.update(attributes)
-
-
-@pytest.mark.parametrize(
-    ("exc", "rejects"),
-    [
-        (KubernetesApiError(410, "Expired"), True),
-        (KubernetesApiError(504, "Timeout"), True),
-        (KubernetesApiError(500, "Gone"), True),
-        (KubernetesApiError(500, "InternalError"), False),
-        (ApiException(status=410, reason="Expired: too old"), True),
-        (ApiException(status=504), True),
-        (ApiException(status=500, reason="Expired: too old"), True),
-        (ApiException(status=500, reason="InternalError"), False),
-        (_Coded(code=504), True),
-        (_Coded(code=True), False),
-        (_Coded(status="410"), False),
-        (_Coded(body=json.dumps(status(500, "Gone"))), True),
-        (_Coded(body="<html>"), False),
-        (ConnectionResetError("reset"), False),
-    ],
-)
-def test_exception_rejects_cursor_is_one_rule_for_every_shape(
-    exc: BaseException, rejects: bool
-) -> None:
-    assert exception_rejects_cursor(exc) is rejects
-
-
-@pytest.mark.parametrize(
-    ("exc", "keeps"),
-    [
-        (KubernetesApiError(429, "TooManyRequests"), True),
-        (ApiException(status=429), True),
-        (KubernetesConnectionError("x", refused=True), True),
-        (ConnectionRefusedError(111, "refused"), True),
-        (KubernetesApiError(500, "InternalError"), False),
-        (KubernetesConnectionError("cut short"), False),
-        (KubernetesApiError(410, "Expired"), False),
-    ],
-)
-def test_exception_keeps_cursor_is_gos_is_watch_error_retriable(
-    exc: BaseException, keeps: bool
-) -> None:
-    assert exception_keeps_cursor(exc) is keeps
-
-
-def test_a_refusal_wrapped_in_another_exception_keeps_the_cursor() -> None:
-    wrapped = RuntimeError("watch failed")
-    wrapped.__cause__ = OSError(errno.ECONNREFUSED, "Connect call failed")
-    assert exception_keeps_cursor(wrapped)
-    assert not exception_keeps_cursor(RuntimeError("watch failed"))
-
-
 async def test_a_steady_watch_leaves_no_collector_tracked_object_per_event() -> None:
     """Row "What the collector costs per WATCH event": once every pod has been replaced, a WATCH
     through the whole pipeline (this API, the reflector, the loop, a reconcile that reads its
@@ -1152,50 +1045,6 @@ async def test_a_steady_watch_leaves_no_collector_tracked_object_per_event() -> 
     # Not zero: the events of the last read, superseded copies of pods included, are alive until
     # the next read, which brings up to some twenty frames here (-656 to +1,000 objects measured).
     assert grown < measured / 2, f"{grown} tracked objects more after {measured} events"
-
-
-async def test_read_idle_deadline_counts_only_the_time_a_read_waits(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Row "read-idle deadline", one timer per stream: a read that waits less than the deadline
-    returns, however long the caller then takes before the next one; a read that waits the whole
-    deadline ends with an idle ``KubernetesConnectionError``. The event loop's clock is a fake
-    here, so no test time passes."""
-    loop = asyncio.get_running_loop()
-    now = [loop.time()]
-    monkeypatch.setattr(loop, "time", lambda: now[0])
-
-    async def passes(seconds: float) -> None:
-        now[0] += seconds
-        await settle()
-
-    class Content:
-        def __init__(self) -> None:
-            self.arrived: asyncio.Future[bytes] = loop.create_future()
-
-        async def readany(self) -> bytes:
-            try:
-                return await self.arrived
-            finally:
-                self.arrived = loop.create_future()
-
-    content = Content()
-    with ReadIdleDeadline(content, 10.0) as stream:
-        first = asyncio.ensure_future(stream.readany())
-        await settle()
-        await passes(9.0)
-        content.arrived.set_result(b"frame\n")
-        assert await first == b"frame\n"
-        await passes(30.0)
-        second = asyncio.ensure_future(stream.readany())
-        await settle()
-        await passes(9.0)
-        assert not second.done()
-        await passes(1.5)
-        assert second.done()
-        with pytest.raises(KubernetesConnectionError) as failure:
-            second.result()
-        assert failure.value.idle
 
 
 async def test_a_steady_watch_of_many_frames_to_a_read_starts_no_young_collection() -> None:
@@ -1315,18 +1164,6 @@ def test_a_clients_failure_becomes_our_error_with_its_kind_server_and_reason() -
     assert as_kubernetes_error(TimeoutError()) is None
 
 
-def test_the_connection_errors_old_shorthands_still_name_their_kind() -> None:
-    assert KubernetesConnectionError("x", refused=True).kind is ConnectionFailure.REFUSED
-    assert KubernetesConnectionError("x", idle=True).kind is ConnectionFailure.IDLE
-    broken = KubernetesConnectionError("x")
-    assert (broken.kind, broken.refused, broken.idle, broken.server) == (
-        ConnectionFailure.BROKEN,
-        False,
-        False,
-        None,
-    )
-
-
 async def test_a_connection_lost_with_an_error_after_a_body_leaves_no_unretrieved_future() -> None:
     """A body read whole, then a connection lost with an error (the TLS close_notify an apiserver
     sends after data): the ``closed`` future the cut-off hook made aiohttp create is retrieved, so
@@ -1347,3 +1184,50 @@ async def test_a_connection_lost_with_an_error_after_a_body_leaves_no_unretrieve
     del closed, protocol, resp
     gc.collect()
     assert unretrieved == []
+
+
+def rotate(path: Path, token: str) -> None:
+    """As the kubelet updates a projected volume: the new file is renamed over the old."""
+    fresh = path.with_name(".token.new")
+    fresh.write_text(token)
+    os.replace(fresh, path)
+
+
+async def test_after_a_401_the_next_request_carries_the_rotated_token(tmp_path: Path) -> None:
+    """The apiserver accepts only ``second``: the LIST with ``first`` is refused 401, and the
+    retry, well inside the 50 s cache, carries the file's new token."""
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("first")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    seen: list[str] = []
+
+    async def pods(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        if seen[-1] != "Bearer second":
+            return web.json_response({"kind": "Status", "reason": "Unauthorized"}, status=401)
+        return web.Response(body=list_body([realistic_pod("a")], "7"))
+
+    app = web.Application()
+    app.router.add_get("/api/v1/namespaces/{namespace}/pods", pods)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    configuration = in_cluster_configuration(environ, account)
+    configuration.host = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    configuration.ssl_ca_cert = None
+    try:
+        async with ApiClient(configuration=configuration) as client:
+            api = KubernetesAsyncioPodApi(core_v1_api=CoreV1Api(client))
+            options = ListOptions(namespace="ns", label_selector="")
+            rotate(account / "token", "second")
+            with pytest.raises(KubernetesApiError) as refused:
+                await api.list_pod_page(options)
+            assert refused.value.code == 401
+            page = await api.list_pod_page(options)
+    finally:
+        await runner.cleanup()
+    assert [p.metadata.name for p in page.pods] == ["a"]
+    assert seen == ["Bearer first", "Bearer second"]
