@@ -53,6 +53,7 @@ from miles.utils.workers.reconcile.k8s_config import (
     in_cluster_possible,
     resolve_config,
     tls_failure_reason,
+    with_data_in_files,
 )
 from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
@@ -968,13 +969,14 @@ async def kubeconfig_configuration(kubeconfig: Mapping[str, Any], temp_dir: str)
 
 async def client_configuration(config: ClientConfig, temp_dir: str) -> Any:
     """The ``kubernetes_asyncio`` ``Configuration`` for a resolved ``ClientConfig``; certificate
-    data is written to files in ``temp_dir``. Go: ``rest.Config``. Raises ``KubeconfigError``
-    naming the file and context when the client's loader refuses the context."""
+    data is written to files in ``temp_dir`` (``k8s_config.with_data_in_files``).
+    Go: ``rest.Config``. Raises ``KubeconfigError`` naming the file and context when the client's
+    loader refuses the context."""
     found = config.credentials
     if isinstance(found, InClusterConfig):
         return _in_cluster_client_configuration(found)
     try:
-        return await kubeconfig_configuration(found.config, temp_dir)
+        return await kubeconfig_configuration(with_data_in_files(found, Path(temp_dir)), temp_dir)
     except KubernetesConfigError as err:
         raise KubeconfigError(
             f"kubeconfig {found.source.shown}: context {found.context!r}: {err}"

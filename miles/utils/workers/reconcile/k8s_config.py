@@ -45,6 +45,7 @@ PATH_FIELDS = {
     "cluster": ("certificate-authority",),
     "user": ("client-certificate", "client-key", "tokenFile"),
 }
+DATA_FIELDS = {"cluster": ("certificate-authority",), "user": ("client-certificate", "client-key")}
 
 
 class ConfigurationError(KubernetesConfigError):
@@ -410,6 +411,29 @@ def check_certificates(resolved: ResolvedContext) -> None:
     key = _pem(user, "client-key", where)
     if cert is not None and key is not None:
         _check_key_pair(cert, key, where)
+
+
+def with_data_in_files(resolved: ResolvedContext, folder: Path) -> dict[str, Any]:
+    """``resolved``'s kubeconfig with each inline certificate or key (``*-data``) written to a file
+    of its own in ``folder`` (mode 0600) and named by path instead. ``kubernetes_asyncio``'s loader
+    keeps the files it writes for inline data in a per-process cache keyed by content, so a second
+    session would be handed a path in the first one's folder, removed when it closed."""
+    config = {**resolved.config}
+    for kind, fields in DATA_FIELDS.items():
+        entry = config[f"{kind}s"][0]
+        body = dict(entry[kind])
+        where = f"kubeconfig {resolved.source.shown}: context {resolved.context!r}"
+        for field in fields:
+            if not body.get(f"{field}-data"):
+                continue
+            data = _pem(body, field, where)
+            path = folder / f"{kind}-{field}.pem"
+            path.touch(mode=0o600)
+            path.write_bytes(data or b"")
+            del body[f"{field}-data"]
+            body[field] = str(path)
+        config[f"{kind}s"] = [{**entry, kind: body}]
+    return config
 
 
 def tls_failure_reason(err: BaseException) -> str:

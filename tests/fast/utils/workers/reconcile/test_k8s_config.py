@@ -16,9 +16,14 @@ from typing import Any
 
 import pytest
 
+from miles.utils.k8s_testenv.certs import generate_serving_pair
 from miles.utils.workers.reconcile import cli
 from miles.utils.workers.reconcile.cli.failures import describe_failure
-from miles.utils.workers.reconcile.k8s_api import client_configuration, kube_session
+from miles.utils.workers.reconcile.k8s_api import (
+    api_client_session,
+    client_configuration,
+    kube_session,
+)
 from miles.utils.workers.reconcile.k8s_config import (
     SERVICE_ACCOUNT,
     TOKEN_CACHE_SECONDS,
@@ -473,3 +478,39 @@ def test_a_tls_failure_reads_as_the_tls_librarys_reason(error: Exception, reason
     failed`` line read the same reason: the verification message, else the reason, else the
     text, else the type."""
     assert tls_failure_reason(error) == reason
+
+
+async def test_inline_certificate_data_serves_every_session_of_a_process(tmp_path: Path) -> None:
+    """``kubernetes_asyncio``'s loader caches the files it writes for inline data, by content, for
+    the whole process: the data is written to each session's own folder instead, so a second
+    session is not handed a path in the first one's folder, removed when it closed."""
+    pair = generate_serving_pair(tmp_path / "pki")
+
+    def inline(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    config = kubeconfig(
+        clusters={
+            "c": {
+                "server": "https://127.0.0.1:1",
+                "certificate-authority-data": inline(pair.ca_cert),
+            }
+        },
+        users={
+            "u": {
+                "client-certificate-data": inline(pair.serving_cert),
+                "client-key-data": inline(pair.serving_key),
+            }
+        },
+    )
+    target = KubeTarget(kubeconfig=str(write(tmp_path / "kubeconfig", config)))
+    written: list[Path] = []
+    for _ in range(2):
+        async with api_client_session(resolve_config(target, {})) as client:
+            configuration = client.configuration
+            files = [Path(configuration.ssl_ca_cert), Path(configuration.cert_file)]
+            assert files[0].read_bytes() == pair.ca_cert.read_bytes()
+            assert files[1].read_bytes() == pair.serving_cert.read_bytes()
+            assert os.stat(configuration.key_file).st_mode & 0o077 == 0
+            written += files
+    assert not any(path.exists() for path in written)
