@@ -18,7 +18,7 @@ from miles.utils.workers.reconcile.cli.pod_columns import (
 )
 from miles.utils.workers.reconcile.k8s_wire import decode_pod_list
 
-RECORDED = json.loads((Path(__file__).parent / "wire" / "printer_pods.json").read_text())
+RECORDED = json.loads((Path(__file__).parents[1] / "wire" / "printer_pods.json").read_text())
 RECORDED_AT = datetime.fromisoformat(RECORDED["recordedAt"])
 ENTRIES = {entry["case"]: entry for entry in RECORDED["pods"]}
 SECOND = 1.0
