@@ -14,7 +14,6 @@ import json
 import os
 from typing import TextIO
 
-from miles.utils.workers.reconcile.cli.failures import CliError
 from miles.utils.workers.reconcile.cli.pool_loop import (
     PoolOptions,
     add_target_arguments,
@@ -24,7 +23,7 @@ from miles.utils.workers.reconcile.cli.pool_loop import (
     target_of,
 )
 from miles.utils.workers.reconcile.cli.signals import SignalCancel
-from miles.utils.workers.reconcile.cli.status_view import loop_status, status_record, status_text
+from miles.utils.workers.reconcile.cli.status_view import status_record, status_text
 from miles.utils.workers.reconcile.cli.subcommand import Subcommand
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 from miles.utils.workers.reconcile.status import LoopStatus
@@ -47,14 +46,12 @@ async def take_status(
     await preflight(pod_api, options)
     loop = pool_loop(options, pod_api=pod_api)
     async with loop:
-        status = loop_status(loop)
-        if status is None:
-            raise CliError("this runtime's ReconcileLoop has no status(); upgrade miles-reconcile")
+        status = loop.status()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(drain_seconds):
                 while status.queue_depth or status.in_flight is not None:
                     await asyncio.sleep(0.05)
-                    status = loop_status(loop) or status
+                    status = loop.status()
         return status
 
 

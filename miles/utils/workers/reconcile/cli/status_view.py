@@ -18,15 +18,6 @@ from miles.utils.workers.reconcile.log import one_line
 from miles.utils.workers.reconcile.status import LoopStatus, SourcePhase, SourceStatus
 
 
-def loop_status(loop: Any) -> LoopStatus | None:
-    """``loop.status()`` where the runtime has it; ``None`` on a runtime without it."""
-    status = getattr(loop, "status", None)
-    if not callable(status):
-        return None
-    snapshot = status()
-    return snapshot if isinstance(snapshot, LoopStatus) else None
-
-
 def wall_time(
     status: LoopStatus, reading: float, *, now: Callable[[], float] = time.time
 ) -> datetime:
@@ -94,11 +85,10 @@ def connection_text(
 
 
 def _stopped(status: LoopStatus) -> str | None:
-    """``loop stopped: <why>`` for a loop that stopped on its own (a runtime that reports it)."""
-    if not getattr(status, "stopped", False):
+    """``loop stopped: <why>`` for a loop that stopped on its own."""
+    if not status.stopped:
         return None
-    error = getattr(status, "error", None)
-    return f"loop stopped: {one_line(error)}" if error else "loop stopped"
+    return f"loop stopped: {one_line(status.error)}" if status.error else "loop stopped"
 
 
 def status_record(status: LoopStatus, *, now: Callable[[], float] = time.time) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from miles.utils.workers.reconcile.cli.pool_loop import (
     target_of,
 )
 from miles.utils.workers.reconcile.cli.signals import SignalCancel
-from miles.utils.workers.reconcile.cli.status_view import loop_status
 from miles.utils.workers.reconcile.cli.subcommand import Subcommand
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 
@@ -63,7 +62,7 @@ async def watch_pool(
     listed = await preflight(pod_api, options)
     loop = pool_loop(options, pod_api=pod_api, show=view.show_parent)
     async with loop:
-        view.observe(loop_status(loop))
+        view.observe(loop.status())
         view.start_marking(synced_pool(loop))
         if not loop.parent_keys():
             note = empty_selection_note(options, listed)
@@ -71,7 +70,7 @@ async def watch_pool(
             err.flush()
             view.notes.append(note)
         view.draw()
-        await wait_redrawing(view, stop, tick=tick, status=lambda: loop_status(loop))
+        await wait_redrawing(view, stop, tick=tick, status=loop.status)
 
 
 async def run_watch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

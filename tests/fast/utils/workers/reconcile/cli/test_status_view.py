@@ -8,7 +8,6 @@ from datetime import datetime
 
 from miles.utils.workers.reconcile.cli.status_view import (
     ConnectionTracker,
-    loop_status,
     status_record,
     status_text,
 )
@@ -41,17 +40,6 @@ def test_status_line_says_connected_reconnecting_since_and_relisting() -> None:
     assert tracker.line() == "connected"
     tracker.observe(snapshot(source(SourcePhase.WATCHING, suspect=True)))
     assert "watch suspect" in tracker.line()
-
-
-def test_loop_status_reads_status_where_the_loop_has_it() -> None:
-    class WithStatus:
-        def status(self) -> LoopStatus:
-            return snapshot(source(SourcePhase.WATCHING))
-
-    assert loop_status(object()) is None
-    status = loop_status(WithStatus())
-    assert status is not None
-    assert status.source.phase is SourcePhase.WATCHING
 
 
 def test_status_text_and_json_carry_every_field() -> None:
@@ -110,16 +98,16 @@ def test_status_text_and_json_carry_every_field() -> None:
 
 
 def test_a_loop_that_stopped_on_its_own_says_so_in_the_status_line() -> None:
-    """Where the runtime's ``LoopStatus`` reports ``stopped``/``error``, the line leads with it."""
-    import dataclasses
-
-    @dataclasses.dataclass(frozen=True)
-    class Stopped(LoopStatus):
-        stopped: bool = True
-        error: str | None = "reconcile-worker crashed: boom\nTraceback"
-
+    """A ``LoopStatus`` that reports ``stopped`` with its ``error``: the line leads with it."""
     tracker = ConnectionTracker(now=lambda: WALL)
-    status = Stopped(name="n", taken_at=1.0, synced=True, source=source(SourcePhase.STOPPED))
+    status = LoopStatus(
+        name="n",
+        taken_at=1.0,
+        synced=True,
+        source=source(SourcePhase.STOPPED),
+        stopped=True,
+        error="reconcile-worker crashed: boom\nTraceback",
+    )
     tracker.observe(status)
     assert tracker.line() == "loop stopped: reconcile-worker crashed: boom"
     assert "Stopped:            reconcile-worker crashed: boom" in status_text(status)
