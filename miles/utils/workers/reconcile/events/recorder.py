@@ -9,8 +9,8 @@ events in order, correlates them (``correlator.py``) and writes each through the
 a create, or a patch of count, last timestamp and message (a patch answered 404 becomes a create).
 A write that fails below HTTP is tried again, 12 tries at most, 10 s apart (the first sleep a
 random part of that), holding the events behind it; an answer from the server (any HTTP status)
-or an event that cannot be sent is given up at once. Leaving the block writes what is queued, one
-try each, for at most ``close_timeout`` seconds.
+or an event that cannot be sent is given up at once. Leaving the block ends a retry's sleep and
+writes what is queued, one try each, for at most ``close_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
+from pydantic import BaseModel
+
 from miles.utils.workers.reconcile.arguments import positive_finite
 from miles.utils.workers.reconcile.clock import Clock, RealClock
 from miles.utils.workers.reconcile.events.correlator import (
@@ -34,6 +36,7 @@ from miles.utils.workers.reconcile.events.correlator import (
     timestamp,
 )
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.tasks import first_of
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +69,11 @@ class ObjectReference:
     field_path: str = ""
 
     @classmethod
-    def of(cls, obj: Mapping[str, Any]) -> ObjectReference:
-        """A reference to an object's JSON; ``ValueError`` when it has no kind or name."""
+    def of(cls, obj: Mapping[str, Any] | BaseModel) -> ObjectReference:
+        """A reference to an object (its JSON, or a model written by alias); ``ValueError`` when
+        it has no kind or name."""
+        if isinstance(obj, BaseModel):
+            obj = obj.model_dump(mode="json", by_alias=True, exclude_none=True)
         metadata = obj.get("metadata")
         metadata = metadata if isinstance(metadata, Mapping) else {}
         api_version, kind, name = obj.get("apiVersion"), obj.get("kind"), metadata.get("name")
@@ -123,6 +129,7 @@ class EventRecorder:
         self._queue: asyncio.Queue[Event] = asyncio.Queue(MAX_QUEUED_EVENTS)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = asyncio.Event()
         self._dropped = 0
         self.written = 0
         self.skipped = 0
@@ -131,7 +138,7 @@ class EventRecorder:
 
     def record(
         self,
-        obj: Mapping[str, Any] | ObjectReference,
+        obj: Mapping[str, Any] | BaseModel | ObjectReference,
         event_type: str,
         reason: str,
         message: str,
@@ -179,6 +186,7 @@ class EventRecorder:
         tb: TracebackType | None,
     ) -> None:
         self._closing = True
+        self._closed.set()
         task = self._task
         assert task is not None
         cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
@@ -195,14 +203,7 @@ class EventRecorder:
     async def _flush(self, task: asyncio.Task[None]) -> None:
         """Waits until the queue is written (one try each, as ``_closing`` is set) or the task
         died, for at most ``close_timeout`` on the recorder's clock."""
-        joined = asyncio.ensure_future(self._queue.join())
-        timer = asyncio.ensure_future(self._clock.sleep(self._close_timeout))
-        try:
-            await asyncio.wait([joined, timer, task], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            joined.cancel()
-            timer.cancel()
-            await asyncio.gather(joined, timer, return_exceptions=True)
+        await first_of(self._queue.join(), self._clock.sleep(self._close_timeout), task)
 
     @property
     def queued(self) -> int:
@@ -258,6 +259,9 @@ class EventRecorder:
             event = await queue.get()
             try:
                 await self._record_to_sink(event)
+            except Exception as err:
+                self.given_up += 1
+                logger.error("event %s not written: %r", _describe(event), err)
             finally:
                 queue.task_done()
 
@@ -269,19 +273,21 @@ class EventRecorder:
         tries = 0
         while not await self._write(result.event, result.patch):
             tries += 1
+            if tries < MAX_TRIES_PER_EVENT and not self._closing:
+                # Go: the first sleep is a random part of the period, so that clients restarted
+                # together do not retry together.
+                delay = SLEEP_DURATION * (self._draw() if tries == 1 else 1.0)
+                await first_of(self._closed.wait(), self._clock.sleep(delay))
             if tries >= MAX_TRIES_PER_EVENT or self._closing:
                 self.given_up += 1
                 logger.error(
-                    "unable to write event %s about %s after %d tries; giving it up",
+                    "unable to write event %s about %s after %d tries%s; giving it up",
                     _describe(result.event),
                     _about(result.event),
                     tries,
+                    " (the recorder is closing)" if self._closing else "",
                 )
                 return
-            # Go: the first sleep is a random part of the period, so that clients restarted
-            # together do not retry together.
-            delay = SLEEP_DURATION * (self._draw() if tries == 1 else 1.0)
-            await self._clock.sleep(delay)
 
     async def _write(self, event: Event, patch: Mapping[str, Any] | None) -> bool:
         """One try; ``True`` when the event is written or given up."""

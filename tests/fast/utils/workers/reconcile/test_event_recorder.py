@@ -16,6 +16,8 @@ from miles.utils.workers.reconcile.events import (
     AGGREGATE_PREFIX,
     MAX_QUEUED_EVENTS,
     MAX_TRIES_PER_EVENT,
+    Correlated,
+    EventCorrelator,
     EventRecorder,
 )
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
@@ -252,3 +254,31 @@ async def test_the_event_is_a_core_v1_event_named_after_its_object() -> None:
         "node-1",
     )
     assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-05-28T20:26:40Z"
+
+
+async def test_an_event_the_recorder_cannot_handle_costs_that_event_and_one_line(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, sink = FakeClock(), _Sink()
+    correlate = EventCorrelator.correlate
+
+    def correlate_all_but_the_first(self: EventCorrelator, event: dict[str, Any]) -> Correlated:
+        if event["reason"] == "First":
+            raise KeyError("involvedObject")
+        return correlate(self, event)
+
+    monkeypatch.setattr(EventCorrelator, "correlate", correlate_all_but_the_first)
+    async with _recorder(sink, clock) as recorder:
+        recorder.record(POD, "Normal", "First", "first")
+        recorder.record(POD, "Normal", "Second", "second")
+    assert (recorder.written, recorder.given_up) == (1, 1)
+    assert len([r for r in caplog.records if "not written" in r.getMessage()]) == 1
+
+
+async def test_closing_ends_a_retry_sleep_and_gives_the_event_up() -> None:
+    clock, sink = FakeClock(), _Sink(failures=[ConnectionResetError("cut")] * 5)
+    async with _recorder(sink, clock) as recorder:
+        recorder.record(POD, "Normal", "Created", "created")
+        await settle()
+        assert clock.sleepers == 1
+    assert (len(sink.calls), recorder.given_up, recorder.written) == (1, 1, 0)
