@@ -26,6 +26,7 @@ from miles.utils.k8s_testenv import ApiClientFactory
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioResourceApi
 from miles.utils.workers.reconcile.k8s_objects import (
     DynamicObject,
+    KubernetesModel,
     KubernetesObject,
     PartialObjectMetadata,
 )
@@ -53,7 +54,7 @@ POOLS = Resource.custom(
 LAYER = "k8s_apiserver: ran on the cached kube-apiserver (watch cache on)"
 
 
-class EnginePoolSpec(KubernetesObject):
+class EnginePoolSpec(KubernetesModel):
     replicas: int = 0
     engine: Lenient[str | None] = None
 

@@ -19,12 +19,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, AliasGenerator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from miles.utils.workers.reconcile.k8s_types import ObjectMeta, OrEmpty
 
 __all__ = [
     "DynamicObject",
+    "KubernetesModel",
     "KubernetesObject",
     "ObjectMeta",
     "ObjectModel",
@@ -37,17 +39,33 @@ ObjectModel = TypeVar("ObjectModel", bound=BaseModel)
 ``metadata`` has ``name`` and ``namespace`` (``KubernetesObject``, ``DynamicObject``, ``Pod``)."""
 
 
+def _both_spellings(field: str) -> AliasChoices:
+    return AliasChoices(field, to_camel(field))
+
+
+_BOTH_SPELLINGS = AliasGenerator(validation_alias=_both_spellings)
+
+
 def _api_version() -> Any:
     return Field(default=None, validation_alias=AliasChoices("api_version", "apiVersion"))
 
 
-class KubernetesObject(BaseModel):
+class KubernetesModel(BaseModel):
+    """A base for any part of the user's model (a ``spec``, a ``status``, a condition): frozen,
+    ``extra="ignore"``, and every field read in both spellings, its own snake_case name and the
+    camelCase the apiserver writes (``ready_replicas``, ``readyReplicas``); a name camelCase does
+    not spell (``podIP``) takes an explicit ``validation_alias``."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="ignore", from_attributes=True, alias_generator=_BOTH_SPELLINGS
+    )
+
+
+class KubernetesObject(KubernetesModel):
     """A base for the user's model of one kind: ``api_version``, ``kind`` and ``metadata`` (an
     ``ObjectMeta``, empty when absent); a subclass adds ``spec``, ``status`` or whatever it reads,
-    each field in the same style (``Lenient``/``OrEmpty`` from ``k8s_types`` where a bad value
+    as ``KubernetesModel`` parts (``Lenient``/``OrEmpty`` from ``k8s_types`` where a bad value
     should read as absent)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore", from_attributes=True)
 
     api_version: str | None = _api_version()
     kind: str | None = None

@@ -334,6 +334,8 @@ def _transition(
     assert not isinstance(outcome, _Waited), f"{state} cannot wait"
     decision = _decide(state, outcome, caps)
     error = one_line(outcome.error, 500) if isinstance(outcome, _Failed) else None
+    if decision.fixed_delay is not None and decision.what is not None:
+        error = decision.what[:500]  # a refusal's line names the resource the error does not
     effects = (decision.what, decision.level, decision.relist, error)
     if not decision.backoff:
         return _Step(decision.then, replace(pacing, retries_after=0), *effects)

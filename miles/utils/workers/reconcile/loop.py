@@ -32,7 +32,7 @@ from miles.utils.workers.reconcile.status import (
     SourceStatus,
     StatusReporter,
 )
-from miles.utils.workers.reconcile.tasks import first_of
+from miles.utils.workers.reconcile.tasks import finished, first_of
 from miles.utils.workers.reconcile.work_queue import WorkQueue
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ DEFAULT_RESYNC_PERIOD = 36000.0
 DEFAULT_SLOW_RECONCILE_AFTER = 60.0
 DEFAULT_NAME = "reconcile"
 DEFAULT_SOURCE_RETRY_DELAY = 1.0
+DEFAULT_CACHE_SYNC_TIMEOUT = 120.0
+"""controller-runtime's ``CacheSyncTimeout`` default (``pkg/controller/controller.go``)."""
 ERROR_SUMMARY_LIMIT = 300
 """Characters of an error the loop keeps in ``status()`` and its own messages."""
 SAMPLE_PERIOD = 1.0
@@ -209,6 +211,10 @@ class ReconcileLoop:
     - ``leadership`` (``None``: always reconcile): a ``Leadership`` gating every dispatch.
     - ``dispatch_gate`` (``None``: none): a ``DispatchGate`` (``own_writes.OwnWrites`` is one)
       awaited before each parent is dispatched, and around its reconcile.
+    - ``cache_sync_timeout`` (``DEFAULT_CACHE_SYNC_TIMEOUT``, 120 s; ``None``: wait forever):
+      ``start()`` fails with ``ReconcileLoopError`` naming the source's last error when the store
+      has not synced by then (a resource not served, refused by RBAC, a server unreachable), as
+      controller-runtime's ``CacheSyncTimeout``.
     """
 
     def __init__(
@@ -228,7 +234,13 @@ class ReconcileLoop:
         metrics: MetricsProvider | CollectorRegistry | None = None,
         leadership: Leadership | None = None,
         dispatch_gate: DispatchGate | None = None,
+        cache_sync_timeout: float | None = DEFAULT_CACHE_SYNC_TIMEOUT,
     ) -> None:
+        self._cache_sync_timeout = (
+            None
+            if cache_sync_timeout is None
+            else positive_finite("cache_sync_timeout", cache_sync_timeout)
+        )
         self._resync_period = optional_period("resync_period", resync_period)
         delay_range(
             "failure_base_delay", failure_base_delay, "failure_max_delay", failure_max_delay
@@ -477,7 +489,19 @@ class ReconcileLoop:
             ) from error
 
     async def _wait_for_sync(self, driver: asyncio.Task[None]) -> None:
-        synced, _ = await first_of(self._driver.wait_for_sync(), driver)
+        timeout = self._cache_sync_timeout
+        if timeout is None:
+            synced, _ = await first_of(self._driver.wait_for_sync(), driver)
+        else:
+            synced, _, timer = await first_of(
+                self._driver.wait_for_sync(), driver, self._clock.sleep(timeout)
+            )
+            if finished(timer) and not finished(synced):
+                last = self.source_status().last_error or "no error reported"
+                raise ReconcileLoopError(
+                    f"reconcile loop {self.name!r}: timed out after {timeout:g}s waiting for the"
+                    f" store to sync (cache_sync_timeout); the source's last error: {last}"
+                )
         error = self._state.error
         if synced.cancelled() or self._state.phase in _ENDING:
             if error is not None:

@@ -120,6 +120,8 @@ def pool_loop(
         reconcile=reconcile,
         key_map=parent_label_map(options.parent_label),
         source_retry_delay=DEFAULT_SOURCE_RETRY_DELAY if retry_delay is None else retry_delay,
+        # The command waits for the apiserver as long as the person running it does.
+        cache_sync_timeout=None,
     )
     return loop
 

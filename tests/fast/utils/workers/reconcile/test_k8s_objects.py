@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
 from miles.utils.workers.reconcile.k8s_objects import (
     DynamicObject,
+    KubernetesModel,
     KubernetesObject,
     ObjectMeta,
     PartialObjectMetadata,
@@ -23,7 +24,7 @@ from miles.utils.workers.reconcile.k8s_values import ListPage, WatchEvent
 from miles.utils.workers.reconcile.k8s_wire import ObjectDecoder
 
 
-class EnginePoolSpec(KubernetesObject):
+class EnginePoolSpec(KubernetesModel):
     replicas: int
     engine: Lenient[str | None] = None
 
@@ -192,3 +193,26 @@ def test_a_streaming_lists_read_decodes_up_to_the_first_bad_line() -> None:
     assert next(events).object.metadata.name == "a"  # type: ignore[union-attr]
     with pytest.raises(FrameDecodeError, match="unreadable watch frame"):
         next(events)
+
+
+class _Status(KubernetesModel):
+    ready_replicas: int = 0
+    observed_generation: Lenient[int | None] = None
+
+
+class _Pool(KubernetesObject):
+    status: _Status = _Status()
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        {"readyReplicas": 3, "observedGeneration": 2},
+        {"ready_replicas": 3, "observed_generation": 2},
+    ],
+    ids=["camelCase", "snake_case"],
+)
+def test_a_user_models_fields_read_both_spellings(status: dict[str, Any]) -> None:
+    pool = _Pool.model_validate_json(json.dumps({"status": status}).encode())
+    assert (pool.status.ready_replicas, pool.status.observed_generation) == (3, 2)
+    assert set(_Status.model_fields) == {"ready_replicas", "observed_generation"}

@@ -130,7 +130,9 @@ async def test_no_positive_reflector_retry_delay_spins(value: float) -> None:
         watch_timeout_seconds=1,
         clock=clock,
     )
-    loop = ReconcileLoop(source=reflector.watch, reconcile=Recorder(), clock=clock)
+    loop = ReconcileLoop(
+        source=reflector.watch, reconcile=Recorder(), clock=clock, cache_sync_timeout=None
+    )
     starting = asyncio.create_task(loop.start())
     for _ in range(600):
         await clock.advance(1.0)
