@@ -173,20 +173,19 @@ class OwnWrites:
 
     def watching(self, source: SourceWatchFn) -> SourceWatchFn:
         """``source`` with every event observed as it is handed to the store: the loop's driver
-        applies an event before it asks for the next, with no await between."""
+        applies an event before it asks for the next, with no await between. The loop still
+        finds the source's name and status (``ObservedSource.__self__``)."""
+        return ObservedSource(self, source)
 
-        async def stream() -> AsyncIterator[SourceEvent]:
-            events = source()
-            try:
-                async for event in events:
-                    self.observe(event)
-                    yield event
-            finally:
-                aclose = getattr(events, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-
-        return stream
+    async def _observed(self, events: AsyncIterator[SourceEvent]) -> AsyncIterator[SourceEvent]:
+        try:
+            async for event in events:
+                self.observe(event)
+                yield event
+        finally:
+            aclose = getattr(events, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def _applied(self, version: str | None) -> None:
         if version is None:
@@ -233,6 +232,20 @@ class OwnWrites:
         if self._progress is None:
             self._progress = asyncio.Event()
         await first_of(self._progress.wait(), self._clock.sleep(seconds))
+
+
+class ObservedSource:
+    """A source whose events an ``OwnWrites`` observes. ``__self__`` is what the wrapped source
+    is bound to (or the source itself), where ``ReconcileLoop`` looks for a source's ``name`` and
+    ``source_status`` (a reflector's ``watch`` is a bound method)."""
+
+    def __init__(self, tracker: OwnWrites, source: SourceWatchFn) -> None:
+        self._tracker = tracker
+        self._source = source
+        self.__self__ = getattr(source, "__self__", source)
+
+    def __call__(self) -> AsyncIterator[SourceEvent]:
+        return self._tracker._observed(self._source())
 
 
 def _newer_or_same(previous: _Written, number: int | None) -> bool:

@@ -15,6 +15,7 @@ from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.own_writes import OwnWrites, resource_version_of
 from miles.utils.workers.reconcile.resource import CONFIG_MAPS, PODS
 from miles.utils.workers.reconcile.source_event import ParentKey, UpsertEvent
+from miles.utils.workers.reconcile.status import SourcePhase, SourceStatus
 from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, parent_of, replace, upsert
 
 POOL = "pool-a"
@@ -170,3 +171,17 @@ async def test_the_client_records_its_writes_of_the_cached_kinds_for_the_parent_
         await client.get(PODS, "worker-0", namespace="ns")
         await client.create(CONFIG_MAPS, {"metadata": {"name": "c"}}, namespace="ns")
     assert tracker.pending(POOL) == "42"
+
+
+async def test_a_watched_source_keeps_its_name_and_status_for_the_loop() -> None:
+    class _Named(FakeSource):
+        name = "pods-in-ns"
+
+        def source_status(self) -> SourceStatus:
+            return SourceStatus(phase=SourcePhase.WATCHING)
+
+    source, clock = _Named(), FakeClock()
+    tracker = OwnWrites(clock=clock)
+    loop = ReconcileLoop(source=tracker.watching(source), reconcile=_NaiveController(), clock=clock)
+    assert loop.name == "pods-in-ns"
+    assert loop.source_status().phase is SourcePhase.WATCHING
