@@ -12,16 +12,22 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from miles.utils.workers.reconcile.arguments import delay_range, optional_period, positive_finite
+from miles.utils.workers.reconcile.arguments import (
+    delay_range,
+    optional_period,
+    positive_finite,
+)
 from miles.utils.workers.reconcile.clock import Clock, RealClock, time_function
-from miles.utils.workers.reconcile.log import NamedLogger, one_line
+from miles.utils.workers.reconcile.log import NamedLogger, describe, one_line
 from miles.utils.workers.reconcile.metrics_provider import (
+    LoopMetrics,
     MetricsProvider,
     NoMetrics,
     ReconcileResult,
 )
 from miles.utils.workers.reconcile.object_store import KeyMapFn, ObjectStore
 from miles.utils.workers.reconcile.own_writes import DispatchGate
+from miles.utils.workers.reconcile.result import Result, TerminalError
 from miles.utils.workers.reconcile.retry_scheduler import RetryScheduler
 from miles.utils.workers.reconcile.source_event import ParentKey, SourceWatchFn
 from miles.utils.workers.reconcile.source_stream_driver import SourceStreamDriver
@@ -55,7 +61,8 @@ MINIMUM_RESYNC_PERIOD = 1.0
 ``minimumResyncPeriod``)."""
 MINIMUM_WATCHDOG_SLEEP = 0.1
 """The watchdog never sleeps less, whatever ``slow_reconcile_after`` or ``reconcile_timeout``."""
-ReconcileFn = Callable[[ParentKey], Awaitable[None]]
+ReconcileFn = Callable[[ParentKey], Awaitable[Result | None]]
+"""``async reconcile(parent)``: returns ``None`` or a ``result.Result``, raises to fail."""
 
 _START_TWICE = "start() may be called once per ReconcileLoop, before stop()"
 _STOP_INSIDE_RECONCILE = (
@@ -176,8 +183,22 @@ def _transition(
     return dataclasses.replace(state, phase=LoopPhase.STOPPED)
 
 
+@dataclass(slots=True)
+class _Slot:
+    """One worker and the reconcile it runs: its parent (``None`` between reconciles), its start,
+    and which reconcile (``seq``) the watchdog has logged as slow and cancelled."""
+
+    task: asyncio.Task[None] | None = None
+    parent: ParentKey | None = None
+    since: float = 0.0
+    seq: int = 0
+    slow_logged: int = 0
+    timing_out: int = 0
+
+
 class ReconcileLoop:
-    """Calls ``reconcile(parent)`` for every parent whose objects changed, one parent at a time.
+    """Calls ``reconcile(parent)`` for every parent whose objects changed; one parent is never
+    reconciled twice at once, and by default one parent at a time.
 
     ``start`` returns once the store holds a whole listing; ``stop`` cancels every task of the loop
     and waits for them. Prefer ``async with loop:``. Construct it inside a running event loop, and
@@ -189,7 +210,8 @@ class ReconcileLoop:
     - ``source`` (required): the ``SourceWatchFn`` whose events fill the store, e.g.
       ``KubernetesReflector(...).watch``.
     - ``reconcile`` (required): ``async reconcile(parent)``; an exception retries the parent with
-      backoff.
+      backoff, ``result.TerminalError`` does not; returning ``result.Result(requeue_after=s)``
+      runs it again ``s`` seconds later with its backoff reset, ``None`` asks for nothing.
     - ``key_map`` (``None``: each object is its own parent): maps an object to its parent key,
       or ``None`` for an object no parent owns.
     - ``resync_period`` (``DEFAULT_RESYNC_PERIOD``, 36000 s; ``None`` for never): every parent in
@@ -209,6 +231,10 @@ class ReconcileLoop:
     - ``metrics`` (``None``: none): a ``MetricsProvider`` or a ``prometheus_client``
       ``CollectorRegistry``.
     - ``leadership`` (``None``: always reconcile): a ``Leadership`` gating every dispatch.
+    - ``max_concurrent_reconciles`` (1, controller-runtime's default): the workers; each parent
+      is reconciled by one at a time (client-go's workqueue guarantee), and a parent changed
+      during its reconcile runs again after it. ``slow_reconcile_after``, ``reconcile_timeout``,
+      the leadership gate and ``drain()`` hold for each worker.
     - ``dispatch_gate`` (``None``: none): a ``DispatchGate`` (``own_writes.OwnWrites`` is one)
       awaited before each parent is dispatched, and around its reconcile.
     - ``cache_sync_timeout`` (``DEFAULT_CACHE_SYNC_TIMEOUT``, 120 s; ``None``: wait forever):
@@ -235,12 +261,14 @@ class ReconcileLoop:
         leadership: Leadership | None = None,
         dispatch_gate: DispatchGate | None = None,
         cache_sync_timeout: float | None = DEFAULT_CACHE_SYNC_TIMEOUT,
+        max_concurrent_reconciles: int = 1,
     ) -> None:
         self._cache_sync_timeout = (
             None
             if cache_sync_timeout is None
             else positive_finite("cache_sync_timeout", cache_sync_timeout)
         )
+        self._workers_wanted = _worker_count(max_concurrent_reconciles)
         self._resync_period = optional_period("resync_period", resync_period)
         delay_range(
             "failure_base_delay", failure_base_delay, "failure_max_delay", failure_max_delay
@@ -268,12 +296,11 @@ class ReconcileLoop:
         self._clock: Clock = RealClock() if clock is None else clock
         self._leadership = leadership
         self._gate = dispatch_gate
-        self._metrics = _provider(metrics).loop_metrics(
-            self.name, clock=self._clock, source_status=self.source_status
-        )
+        self._metrics = self._loop_metrics(_provider(metrics))
         self._store = ObjectStore(key_map=key_map, name=self.name)
         self._queue: WorkQueue[ParentKey] = WorkQueue(
-            on_added=None if self._metrics is None else self._metrics.added
+            on_added=None if self._metrics is None else self._metrics.added,
+            one_worker_per_key=True,
         )
         self._driver = SourceStreamDriver(
             source=source,
@@ -292,6 +319,8 @@ class ReconcileLoop:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._worker: asyncio.Task[None] | None = None
+        """The first worker (the only one by default)."""
+        self._slots = [_Slot() for _ in range(self._workers_wanted)]
         self._owner: asyncio.Task[Any] | None = None
         self._state = _Lifecycle()
         self._ended = asyncio.Event()
@@ -299,11 +328,7 @@ class ReconcileLoop:
         self.reconciles = 0
         self.reconcile_failures = 0
         self.reconcile_timeouts = 0
-        self._in_flight: ParentKey | None = None
-        self._in_flight_since = 0.0
-        self._in_flight_seq = 0
-        self._slow_logged_seq = 0
-        self._timing_out_seq = 0
+        self.terminal_failures = 0
 
     async def start(self) -> None:
         self._check_event_loop("start()")
@@ -312,7 +337,10 @@ class ReconcileLoop:
             driver = self._spawn(self._driver.run(), "reconcile-source-driver")
             await self._wait_for_sync(driver)
             self._move(_Event.SYNCED)
-            self._worker = self._spawn(self._work(), "reconcile-worker")
+            for number, slot in enumerate(self._slots, 1):
+                name = "reconcile-worker" if number == 1 else f"reconcile-worker-{number}"
+                slot.task = self._spawn(self._work(slot), name)
+            self._worker = self._slots[0].task
             self._spawn(self._watch_reconciles(), "reconcile-watchdog")
             if self._resync_period is not None:
                 self._spawn(self._resync(self._resync_period), "reconcile-resync")
@@ -324,7 +352,8 @@ class ReconcileLoop:
     async def stop(self) -> None:
         """Cancels every task of the loop and waits for them; raises ``ReconcileLoopError`` if
         the loop had already stopped on its own."""
-        if self._worker is not None and asyncio.current_task() is self._worker:
+        current = asyncio.current_task()
+        if any(slot.task is current for slot in self._slots):
             raise ReconcileLoopUsageError(_STOP_INSIDE_RECONCILE)
         if asyncio.get_running_loop() is not self._event_loop:
             if self._event_loop.is_closed():
@@ -334,15 +363,15 @@ class ReconcileLoop:
         self._raise_error()
 
     async def drain(self) -> None:
-        """Stops taking work: the worker finishes the reconcile in flight, if any, and takes no
-        other; returns once it has. ``stop()`` then ends the rest. The queue is left undone, as a
+        """Stops taking work: each worker finishes the reconcile in flight, if any, and takes no
+        other; returns once they have. ``stop()`` then ends the rest. The queue is left undone, as a
         level-triggered loop may: the next start lists again. Go: CR ``Controller.Start`` shutting
         its queue down and waiting for its workers when its context ends."""
         self._move(_Event.DRAIN)
         self._queue.shutdown()
-        worker = self._worker
-        if worker is not None and self._in_flight is not None:
-            await asyncio.wait([worker])
+        busy = [slot.task for slot in self._slots if slot.parent is not None and slot.task]
+        if busy:
+            await asyncio.wait(busy)
 
     async def wait(self) -> None:
         """Waits until the loop stops: returns after ``stop()``, raises ``ReconcileLoopError`` if
@@ -382,13 +411,16 @@ class ReconcileLoop:
         """A frozen snapshot of the loop; costs O(parents waiting for a retry)."""
         now = self._clock.time()
         self._driver.sample(now)
-        in_flight = None
-        if self._in_flight is not None:
-            in_flight = ReconcileInFlight(
-                self._in_flight,
-                self._in_flight_since,
-                self._slow_logged_seq == self._in_flight_seq,
+        in_flight = tuple(
+            sorted(
+                (
+                    ReconcileInFlight(slot.parent, slot.since, slot.slow_logged == slot.seq)
+                    for slot in self._slots
+                    if slot.parent is not None
+                ),
+                key=lambda running: running.started_at,
             )
+        )
         retries = tuple(
             RetryStatus(retry.key, retry.failures, retry.due_at, retry.last_error)
             for retry in self._retries.pending()
@@ -403,7 +435,10 @@ class ReconcileLoop:
             reconcile_failures=self.reconcile_failures,
             queue_depth=len(self._queue),
             retries=retries,
-            in_flight=in_flight,
+            in_flight=in_flight[0] if in_flight else None,
+            in_flight_all=in_flight,
+            max_concurrent_reconciles=self._workers_wanted,
+            terminal_failures=self.terminal_failures,
             reconcile_timeouts=self.reconcile_timeouts,
             stopped=self._state.phase is LoopPhase.STOPPED or self._state.error is not None,
             error=None if self._state.error is None else _summary(self._state.error),
@@ -423,8 +458,14 @@ class ReconcileLoop:
         return self._driver.source_status()
 
     def in_flight_since(self) -> float | None:
-        """When the reconcile in flight started, on the loop's clock; ``None`` between them."""
-        return None if self._in_flight is None else self._in_flight_since
+        """When the oldest reconcile in flight started, on the loop's clock; ``None`` when no
+        worker runs one."""
+        starts = [slot.since for slot in self._slots if slot.parent is not None]
+        return min(starts) if starts else None
+
+    @property
+    def max_concurrent_reconciles(self) -> int:
+        return self._workers_wanted
 
     @property
     def phase(self) -> LoopPhase:
@@ -463,7 +504,7 @@ class ReconcileLoop:
         phase = self._state.phase
         if phase in _ENDING or phase is LoopPhase.DIED:
             return
-        drained = phase is LoopPhase.DRAINING and task is self._worker
+        drained = phase is LoopPhase.DRAINING and any(slot.task is task for slot in self._slots)
         if drained and not task.cancelled() and task.exception() is None:
             return
         if task.cancelled():
@@ -535,9 +576,21 @@ class ReconcileLoop:
                 continue
             self._log.error("%s crashed while stopping: %r", task.get_name(), task.exception())
 
-    async def _work(self) -> None:
+    def _loop_metrics(self, provider: MetricsProvider) -> LoopMetrics | None:
+        if self._workers_wanted == 1:
+            return provider.loop_metrics(
+                self.name, clock=self._clock, source_status=self.source_status
+            )
+        return provider.loop_metrics(
+            self.name,
+            clock=self._clock,
+            source_status=self.source_status,
+            max_concurrent_reconciles=self._workers_wanted,
+        )
+
+    async def _work(self, slot: _Slot) -> None:
         queue, reconcile, now = self._queue, self._reconcile, time_function(self._clock)
-        metrics = self._metrics
+        metrics, several = self._metrics, self._workers_wanted > 1
         task = asyncio.current_task()
         assert task is not None
         take = queue.get if self._leadership is None else self._take_while_leading
@@ -545,37 +598,58 @@ class ReconcileLoop:
         while (parent := await take()) is not None:
             if gate is not None:
                 await gate.wait(parent)
-            self._in_flight_seq = seq = self._in_flight_seq + 1
-            self._in_flight = parent
-            self._in_flight_since = started = now()
+            slot.seq = seq = slot.seq + 1
+            slot.parent = parent
+            slot.since = started = now()
             if metrics is not None:
                 metrics.started(started)
+            returned: object = None
             try:
                 if gate is None:
-                    await reconcile(parent)
+                    returned = await reconcile(parent)
                 else:
                     with gate.dispatching(parent):
-                        await reconcile(parent)
+                        returned = await reconcile(parent)
             except BaseException as exc:
                 error: BaseException | None = exc
             else:
                 error = None
-            self._in_flight = None
-            timed_out = self._timing_out_seq == seq
+            slot.parent = None
+            timed_out = slot.timing_out == seq
             if timed_out:
                 task.uncancel()
             if error is None:
-                self._retries.note_success(parent)
-                result: ReconcileResult = "success"
+                result = self._on_success(parent, returned)
             else:
                 result = self._on_failure(parent, error, timed_out, task)
+            queue.done(parent)
             if metrics is not None:
-                metrics.finished(result)
+                if several:
+                    metrics.finished(result, started_at=started)
+                else:
+                    metrics.finished(result)
             if result == "stopped" and error is not None:
                 raise error
             self.reconciles += 1
             if queue:
                 await asyncio.sleep(0)
+
+    def _on_success(self, parent: ParentKey, returned: object) -> ReconcileResult:
+        """Forgets the parent's failures; a ``Result`` with a delay queues it again after it (CR:
+        ``Forget`` then ``AddAfter``)."""
+        self._retries.note_success(parent)
+        if returned is None:
+            return "success"
+        if isinstance(returned, Result):
+            if returned.requeue_after:
+                self._retries.requeue_after(parent, returned.requeue_after)
+            return "success"
+        self._log.warning(
+            "reconcile of parent %r returned %s, neither None nor a Result: read as None",
+            parent,
+            describe(returned, 80),
+        )
+        return "success"
 
     async def _take_while_leading(self) -> ParentKey | None:
         """The next parent, returned only while ``leadership.is_leader()``: the check comes right
@@ -602,6 +676,15 @@ class ReconcileLoop:
             )
             return "stopped"
         self.reconcile_failures += 1
+        if isinstance(error, TerminalError) and not timed_out:
+            self.terminal_failures += 1
+            self._retries.note_success(parent)
+            self._log.error(
+                "reconcile of parent %r failed terminally, not retried: %s",
+                parent,
+                _summary(error),
+            )
+            return "terminal"
         if timed_out:
             self.reconcile_timeouts += 1
             reason = f"timed out after reconcile_timeout={self._timeout}s and was cancelled"
@@ -637,13 +720,22 @@ class ReconcileLoop:
             await clock.sleep(idle if deadline is None else min(idle, deadline - now))
 
     def _check_in_flight(self, now: float) -> float | None:
-        """Acts on the reconcile in flight; returns when it next needs looking at, if ever."""
-        parent, seq = self._in_flight, self._in_flight_seq
+        """Acts on every reconcile in flight; returns when one next needs looking at, if ever."""
+        deadlines = [
+            deadline
+            for slot in self._slots
+            if (deadline := self._check_slot(slot, now)) is not None
+        ]
+        return min(deadlines) if deadlines else None
+
+    def _check_slot(self, slot: _Slot, now: float) -> float | None:
+        """Acts on one worker's reconcile in flight; returns when it next needs looking at."""
+        parent, seq = slot.parent, slot.seq
         if parent is None:
             return None
-        age = now - self._in_flight_since
-        if self._slow_logged_seq != seq and age >= self._slow_after:
-            self._slow_logged_seq = seq
+        age = now - slot.since
+        if slot.slow_logged != seq and age >= self._slow_after:
+            slot.slow_logged = seq
             self._log.warning(
                 "reconcile of parent %r has run for %.3gs (slow_reconcile_after=%ss)%s",
                 parent,
@@ -651,15 +743,15 @@ class ReconcileLoop:
                 self._slow_after,
                 "" if self._timeout is None else f"; it is cancelled at {self._timeout}s",
             )
-        if self._timeout is not None and self._timing_out_seq != seq and age >= self._timeout:
-            self._timing_out_seq = seq
-            if self._worker is not None:
-                self._worker.cancel()
+        if self._timeout is not None and slot.timing_out != seq and age >= self._timeout:
+            slot.timing_out = seq
+            if slot.task is not None:
+                slot.task.cancel()
         deadlines = []
-        if self._slow_logged_seq != seq:
-            deadlines.append(self._in_flight_since + self._slow_after)
-        if self._timeout is not None and self._timing_out_seq != seq:
-            deadlines.append(self._in_flight_since + self._timeout)
+        if slot.slow_logged != seq:
+            deadlines.append(slot.since + self._slow_after)
+        if self._timeout is not None and slot.timing_out != seq:
+            deadlines.append(slot.since + self._timeout)
         return min(deadlines) if deadlines else None
 
     async def _resync(self, period: float) -> None:
@@ -676,6 +768,12 @@ def _provider(metrics: MetricsProvider | CollectorRegistry | None) -> MetricsPro
     from miles.utils.workers.reconcile.metrics import ReconcileMetrics
 
     return ReconcileMetrics(metrics)
+
+
+def _worker_count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_concurrent_reconciles must be an int of at least 1, got {value!r}")
+    return value
 
 
 def _status_reporter(source: object) -> StatusReporter | None:

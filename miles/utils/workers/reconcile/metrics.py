@@ -101,8 +101,15 @@ class LoopSeries:
     """One loop's series: what the loop reported (``LoopMetrics``), and its source's status,
     read at scrape. Once a report raises, the histograms stop with one log line; counts go on."""
 
-    def __init__(self, name: str, clock: Clock, source_status: Callable[[], SourceStatus]) -> None:
+    def __init__(
+        self,
+        name: str,
+        clock: Clock,
+        source_status: Callable[[], SourceStatus],
+        max_concurrent_reconciles: int = 1,
+    ) -> None:
         self.name = name
+        self.max_concurrent_reconciles = max_concurrent_reconciles
         self.source_status = source_status
         self.now = time_function(clock)
         self.taken = 0
@@ -110,7 +117,9 @@ class LoopSeries:
         self.succeeded = 0
         self.failed = 0
         self.timeouts = 0
-        self.running_since: float | None = None
+        self.terminal = 0
+        self.running: list[float] = []
+        """When each reconcile in flight started, on the loop's clock."""
         self.queue_duration = Buckets(WORKQUEUE_BUCKETS)
         self.work_duration = Buckets(WORKQUEUE_BUCKETS)
         self.reconcile_time = Buckets(RECONCILE_TIME_BUCKETS)
@@ -132,7 +141,7 @@ class LoopSeries:
 
     def started(self, at: float) -> None:
         self.taken += 1
-        self.running_since = at
+        self.running.append(at)
         try:
             waited = at - self._added_at.popleft()
             if not self._broken:
@@ -140,8 +149,13 @@ class LoopSeries:
         except Exception as exc:
             self._stop_observing(exc)
 
-    def finished(self, result: ReconcileResult) -> None:
-        since, self.running_since = self.running_since, None
+    @property
+    def running_since(self) -> float | None:
+        """When the oldest reconcile in flight started; ``None`` with none."""
+        return min(self.running) if self.running else None
+
+    def finished(self, result: ReconcileResult, started_at: float | None = None) -> None:
+        since = self._end(started_at)
         if result == "success":
             self.succeeded += 1
         elif result == "stopped":
@@ -150,6 +164,8 @@ class LoopSeries:
             self.failed += 1
             if result == "timeout":
                 self.timeouts += 1
+            elif result == "terminal":
+                self.terminal += 1
         if self._broken or since is None:
             return
         try:
@@ -166,6 +182,15 @@ class LoopSeries:
 
     def retried(self) -> None:
         self.retries += 1
+
+    def _end(self, started_at: float | None) -> float | None:
+        running = self.running
+        if not running:
+            return None
+        if started_at is None or started_at not in running:
+            return running.pop()
+        running.remove(started_at)
+        return started_at
 
     def _stop_observing(self, exc: Exception) -> None:
         if not self._broken:
@@ -194,14 +219,21 @@ class ReconcileMetrics:
             ) from exc
 
     def loop_metrics(
-        self, name: str, *, clock: Clock, source_status: Callable[[], SourceStatus]
+        self,
+        name: str,
+        *,
+        clock: Clock,
+        source_status: Callable[[], SourceStatus],
+        max_concurrent_reconciles: int = 1,
     ) -> LoopSeries:
         if name in self._loops:
             raise ValueError(
                 f"a reconcile loop named {name!r} already reports to these metrics;"
                 " give each loop its own name= (controller-runtime: controller names are unique)"
             )
-        series = self._loops[name] = LoopSeries(name, clock, source_status)
+        series = self._loops[name] = LoopSeries(
+            name, clock, source_status, max_concurrent_reconciles
+        )
         return series
 
     def describe(self) -> Iterator[Metric]:
@@ -289,6 +321,12 @@ RECONCILE_TIMEOUTS = Family(
     "Total number of reconciliation timeouts per controller",
     _LOOP,
 )
+TERMINAL_ERRORS = Family(
+    "counter",
+    "controller_runtime_terminal_reconcile_errors",
+    "Total number of terminal reconciliation errors per controller",
+    _LOOP,
+)
 RECONCILE_TIME = Family(
     "histogram",
     "controller_runtime_reconcile_time_seconds",
@@ -330,7 +368,7 @@ LAST_RESOURCE_VERSION = Family(
 )
 FAMILIES = (
     *(DEPTH, ADDS, RETRIES, UNFINISHED_WORK, LONGEST_RUNNING, QUEUE_DURATION, WORK_DURATION),
-    *(RECONCILES, RECONCILE_ERRORS, RECONCILE_TIMEOUTS, RECONCILE_TIME),
+    *(RECONCILES, RECONCILE_ERRORS, RECONCILE_TIMEOUTS, TERMINAL_ERRORS, RECONCILE_TIME),
     *(ACTIVE_WORKERS, MAX_CONCURRENT),
     *(LISTS, WATCHES, RELISTS, EVENTS, LAST_RESOURCE_VERSION),
 )
@@ -343,24 +381,26 @@ def _read(series: LoopSeries) -> list[tuple[Family, Sequence[str], float | Bucke
     """Every sample of one loop, by family; the reflector's from its source's status."""
     name = series.name
     loop, queue = (name,), (name, name)
-    since = series.running_since
-    running = 0.0 if since is None else max(0.0, series.now() - since)
+    now = series.now()
+    ages = [max(0.0, now - since) for since in series.running]
+    unfinished, longest = math.fsum(ages), max(ages, default=0.0)
     source = series.source_status()
     rows: list[tuple[Family, Sequence[str], float | Buckets]] = [
         (DEPTH, (name, name, ""), series.depth),
         (ADDS, queue, series.adds),
         (RETRIES, queue, series.retries),
-        (UNFINISHED_WORK, queue, running),
-        (LONGEST_RUNNING, queue, running),
+        (UNFINISHED_WORK, queue, unfinished),
+        (LONGEST_RUNNING, queue, longest),
         (QUEUE_DURATION, queue, series.queue_duration),
         (WORK_DURATION, queue, series.work_duration),
         (RECONCILES, (name, "success"), series.succeeded),
         (RECONCILES, (name, "error"), series.failed),
         (RECONCILE_ERRORS, loop, series.failed),
         (RECONCILE_TIMEOUTS, loop, series.timeouts),
+        (TERMINAL_ERRORS, loop, series.terminal),
         (RECONCILE_TIME, loop, series.reconcile_time),
-        (ACTIVE_WORKERS, loop, 0 if since is None else 1),
-        (MAX_CONCURRENT, loop, 1),
+        (ACTIVE_WORKERS, loop, len(series.running)),
+        (MAX_CONCURRENT, loop, series.max_concurrent_reconciles),
         (LISTS, (name,), source.lists),
         (WATCHES, (name,), source.watches),
         (EVENTS, (name,), source.events),

@@ -81,6 +81,17 @@ class RetryScheduler(Generic[K]):
         self.retries += 1
         return delay
 
+    def requeue_after(self, key: K, delay: float) -> None:
+        """Hands ``key`` back after ``delay`` without counting a failure; a deadline already
+        earlier is kept. Go: the delaying queue's ``AddAfter``. Like a retry, it fires at most one
+        ``POLL_INTERVAL`` late; nothing is recorded once the scheduler has stopped."""
+        if self.stopped:
+            return
+        due = self._clock.time() + delay
+        current = self._deadlines.get(key)
+        if current is None or due < current:
+            self._deadlines[key] = due
+
     def note_success(self, key: K) -> None:
         if self._failures:
             self._failures.pop(key, None)

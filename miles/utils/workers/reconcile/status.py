@@ -88,7 +88,7 @@ class RetryStatus:
 
 @dataclass(frozen=True, slots=True)
 class ReconcileInFlight:
-    """The reconcile the worker is running now, since ``started_at``; ``slow`` once it has run
+    """A reconcile a worker is running now, since ``started_at``; ``slow`` once it has run
     longer than the loop's ``slow_reconcile_after`` (and been logged for it, once)."""
 
     parent: ParentKey
@@ -119,6 +119,7 @@ class LoopStatus:
     queue_depth: int = 0
     retries: tuple[RetryStatus, ...] = ()
     in_flight: ReconcileInFlight | None = None
+    """The oldest reconcile in flight (with one worker, the one), ``None`` between them."""
     reconcile_timeouts: int = 0
     stopped: bool = False
     error: str | None = None
@@ -129,3 +130,10 @@ class LoopStatus:
     """Watch events the store applied (upserts and deletes); ``source.events`` were received."""
     objects_stored: int = 0
     """Objects the store holds when the snapshot is taken."""
+    in_flight_all: tuple[ReconcileInFlight, ...] = ()
+    """Every reconcile in flight, oldest first: one per busy worker."""
+    max_concurrent_reconciles: int = 1
+    """The loop's workers."""
+    terminal_failures: int = 0
+    """Reconciles that raised ``TerminalError``: counted in ``reconcile_failures`` too, and not
+    retried."""

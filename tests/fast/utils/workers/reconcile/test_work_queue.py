@@ -135,3 +135,44 @@ async def test_a_key_put_back_keeps_its_place_and_is_not_added_again() -> None:
     assert [await queue.get(), await queue.get()] == ["a", "b"]
     queue.add("a")
     assert (queue.adds, added) == (3, [2, 1])
+
+
+async def test_a_key_being_processed_is_not_handed_out_again_until_done() -> None:
+    """client-go ``Typed``'s dirty and processing sets: a key added while a worker holds it
+    waits for ``done``, then goes to the back of the queue; other keys are served meanwhile."""
+    queue: WorkQueue[str] = WorkQueue(one_worker_per_key=True)
+    queue.add_all(["a", "b"])
+    assert await queue.get() == "a"
+    queue.add_all(["a", "c"])
+    assert queue.processing() == {"a"}
+    assert await queue.get() == "b"
+    assert await queue.get() == "c", "a is set aside while it is processing"
+    assert len(queue) == 1, "the set-aside key still counts as queued"
+    waiting = asyncio.create_task(queue.get())
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    queue.done("a")
+    assert await waiting == "a"
+    assert queue.adds == 4, "a, b, a again while processing, c"
+
+
+async def test_with_one_worker_the_order_is_the_order_of_first_adds() -> None:
+    queue: WorkQueue[str] = WorkQueue(one_worker_per_key=True)
+    queue.add("a")
+    assert await queue.get() == "a"
+    queue.add_all(["a", "b"])
+    queue.done("a")
+    assert [await queue.get(), await queue.get()] == ["a", "b"]
+
+
+async def test_every_waiting_worker_is_woken_and_each_key_goes_to_one() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    waiters = [asyncio.create_task(queue.get()) for _ in range(3)]
+    await asyncio.sleep(0)
+    queue.add_all(["x", "y"])
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    got = sorted(str(w.result()) for w in waiters if w.done())
+    assert got == ["x", "y"]
+    queue.shutdown()
+    assert [await w for w in waiters if not w.done()] == [None]
