@@ -10,7 +10,8 @@ and the examples sit on top. ``lint-imports`` checks this (the contracts are in
    ``clock`` (``k8s.io/utils/clock``), ``source_event`` (``watch.Event``), ``status`` (none: what a
    person reads), ``resource`` (``schema.GroupVersionResource``), ``arguments`` (none: constructor
    checks), ``backoff`` (``wait.Backoff``), ``log`` (klog's named loggers), ``tasks`` (a
-   ``select`` over channels), ``metrics_provider`` (workqueue's ``MetricsProvider``).
+   ``select`` over channels), ``result`` (CR's ``reconcile.Result`` and ``TerminalError``),
+   ``metrics_provider`` (workqueue's ``MetricsProvider``).
 2. Core machinery: the informer and the controller, with no Kubernetes in them.
    ``object_store`` (``cache.Store`` and its indexer), ``work_queue`` (``workqueue``),
    ``retry_scheduler`` (the rate limiter and delaying queue), ``source_stream_driver`` (the
