@@ -1,10 +1,11 @@
 """Fast layer: the runtime's layers stay enforced. ``pyproject.toml`` keeps its import-linter
 contracts (the layers of the package docstring, exhaustive, so a new module must be placed; the
-runtime apart from the test environment, the tests and the benchmarks), ``.ci/run`` runs them, and
-they hold on this checkout."""
+runtime apart from the test environment, the tests and the benchmarks), ``.ci/run`` runs them,
+they hold on this checkout, and the package docstring's map names every module."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -54,3 +55,17 @@ def test_the_contracts_hold() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"Contracts: {len(_contracts())} kept, 0 broken." in done.stdout
+
+
+def test_the_package_docstring_names_every_module_and_subpackage() -> None:
+    """The map stays whole: the package docstring names each module of the runtime, and each
+    subpackage with its trailing slash, in double backquotes."""
+    package = ROOT / "miles" / "utils" / "workers" / "reconcile"
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    named = {
+        f"``{path.stem}``" if path.is_file() else f"``{path.name}/``"
+        for path in package.iterdir()
+        if (path.suffix == ".py" and not path.stem.startswith("__"))
+        or (path / "__init__.py").is_file()
+    }
+    assert sorted(name for name in named if name not in doc) == []
