@@ -83,6 +83,12 @@ SPECS: tuple[BinarySpec, ...] = (
         package=".",
         pinned_module="k8s.io/client-go",
     ),
+    BinarySpec(
+        name="write-bench",
+        module_dir="write-bench",
+        package=".",
+        pinned_module="k8s.io/client-go",
+    ),
     *(
         BinarySpec(
             name=name,
@@ -99,7 +105,7 @@ SPECS: tuple[BinarySpec, ...] = (
 
 PLANE_BINARIES = ("etcd", "kube-apiserver", "kwok", "oracle")
 NODE_BINARIES = ("kubelet", "kube-scheduler", "kube-controller-manager", "pause", "engine")
-TOOL_BINARIES = ("leader-candidate",)
+TOOL_BINARIES = ("leader-candidate", "write-bench")
 
 
 @dataclass(frozen=True)

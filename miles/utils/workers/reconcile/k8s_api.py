@@ -864,11 +864,36 @@ class KubernetesAsyncioTransport:
 
     A transport failure raises ``KubernetesConnectionError``; every HTTP answer is returned, its
     body read whole. After a 401, a ``ServiceAccountToken`` reads its file before the next request.
+
+    Requests go through a session of its own on the ``ApiClient``'s connector (so its connections,
+    TLS and limit), without ``trust_env``: ``kubernetes_asyncio``'s session has it on, and aiohttp
+    then looks up ``~/.netrc`` and the proxy variables on a worker thread for every request (two
+    thread round trips per write). The proxy the environment names for the server is looked up
+    once, as client-go's ``ProxyFromEnvironment`` caches it; ``.netrc`` is not read (client-go
+    never reads it). The session closes with the connector, when the ``ApiClient`` closes.
     """
 
     def __init__(self, *, api_client: Any, connect_timeout: float = 10.0) -> None:
         self._api_client = api_client
         self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
+        self._session: Any = None
+        self._env_proxy: Any = None
+
+    def _session_on(self, pool: Any) -> Any:
+        import aiohttp
+        from aiohttp.helpers import get_env_proxy_for_url
+        from yarl import URL
+
+        if self._session is None or self._session.connector is not pool.connector:
+            self._session = aiohttp.ClientSession(
+                connector=pool.connector, connector_owner=False, trust_env=False
+            )
+            try:
+                host = URL(self._api_client.configuration.host)
+                self._env_proxy = get_env_proxy_for_url(host)
+            except LookupError:
+                self._env_proxy = None
+        return self._session
 
     @classmethod
     def beside(cls, core_v1_api: Any) -> KubernetesAsyncioTransport:
@@ -895,16 +920,20 @@ class KubernetesAsyncioTransport:
         queries = list(query)
         await api_client.update_params_for_auth(headers, queries, ["BearerToken"])
         rest = api_client.rest_client
+        session = self._session_on(rest.pool_manager)
         options: dict[str, Any] = {}
         if rest.proxy:
             options.update(proxy=rest.proxy, proxy_headers=rest.proxy_headers)
+        elif self._env_proxy is not None:
+            proxy, proxy_auth = self._env_proxy
+            options.update(proxy=proxy, proxy_auth=proxy_auth)
         if rest.server_hostname:
             options.update(server_hostname=rest.server_hostname)
         timeout = aiohttp.ClientTimeout(
             total=deadline, connect=self._connect_timeout, sock_connect=self._connect_timeout
         )
         with _translated(f"{method} {path}"):
-            async with rest.pool_manager.request(
+            async with session.request(
                 method,
                 configuration.host + path,
                 params=queries,
