@@ -16,7 +16,9 @@ and the examples sit on top. ``lint-imports`` checks this (the contracts are in
    ``object_store`` (``cache.Store`` and its indexer), ``work_queue`` (``workqueue``),
    ``retry_scheduler`` (the rate limiter and delaying queue), ``source_stream_driver`` (the
    informer's ``Run``/``processLoop``), ``own_writes`` (kube-controller-manager's consistency
-   store), ``loop`` (CR's internal ``Controller``: the lifecycle, the worker, resync).
+   store), ``loop`` (CR's internal ``Controller``: the lifecycle, the worker, resync),
+   ``watches`` (CR's ``Controller.Watch``: several sources of one loop), ``owner_key_map`` (CR's
+   ``EnqueueRequestForOwner``).
 3. Kubernetes adapter: the apiserver's wire, objects and errors.
    ``k8s_reflector`` (``cache.Reflector``), ``k8s_api`` (the typed clients over
    ``kubernetes_asyncio``, the only module that imports it), ``k8s_config`` (``tools/clientcmd``,

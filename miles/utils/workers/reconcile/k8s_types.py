@@ -149,6 +149,7 @@ class _View(BaseModel):
 
 
 class OwnerReference(_View):
+    api_version: Lenient[str | None] = _both("api_version", "apiVersion")
     kind: Lenient[str | None] = None
     name: Lenient[str | None] = None
     uid: Lenient[str | None] = None

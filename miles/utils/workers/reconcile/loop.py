@@ -7,7 +7,7 @@ import dataclasses
 import enum
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,8 +37,16 @@ from miles.utils.workers.reconcile.status import (
     RetryStatus,
     SourceStatus,
     StatusReporter,
+    WatchStatus,
 )
 from miles.utils.workers.reconcile.tasks import finished, first_of
+from miles.utils.workers.reconcile.watches import (
+    CacheReader,
+    SourceSet,
+    Watch,
+    watch_name,
+    watch_status,
+)
 from miles.utils.workers.reconcile.work_queue import WorkQueue
 
 if TYPE_CHECKING:
@@ -207,13 +215,18 @@ class ReconcileLoop:
 
     Keywords (all keyword-only):
 
-    - ``source`` (required): the ``SourceWatchFn`` whose events fill the store, e.g.
+    - ``source`` (this or ``sources``): the ``SourceWatchFn`` whose events fill the store, e.g.
       ``KubernetesReflector(...).watch``.
+    - ``sources`` (this or ``source``): several ``watches.Watch``, each a source with its own
+      ``key_map`` and cache (controller-runtime's ``Watches``); ``start()`` returns once every
+      one has synced; ``cache(name)`` reads each, ``get_by_parent`` and ``parent_keys`` the
+      first; ``status().sources`` shows each. Every key map must name parents alike:
+      ``namespace/name`` where the sources span namespaces (see ``watches``).
     - ``reconcile`` (required): ``async reconcile(parent)``; an exception retries the parent with
       backoff, ``result.TerminalError`` does not; returning ``result.Result(requeue_after=s)``
       runs it again ``s`` seconds later with its backoff reset, ``None`` asks for nothing.
-    - ``key_map`` (``None``: each object is its own parent): maps an object to its parent key,
-      or ``None`` for an object no parent owns.
+    - ``key_map`` (``None``: each object is its own parent): maps an object to its parent key
+      (or several), or ``None`` for an object no parent owns; with ``source`` only.
     - ``resync_period`` (``DEFAULT_RESYNC_PERIOD``, 36000 s; ``None`` for never): every parent in
       the store is queued again this often; below ``MINIMUM_RESYNC_PERIOD`` it is raised to it.
     - ``failure_base_delay`` (1.0 s) and ``failure_max_delay`` (60.0 s): a failed parent is
@@ -246,7 +259,7 @@ class ReconcileLoop:
     def __init__(
         self,
         *,
-        source: SourceWatchFn,
+        source: SourceWatchFn | None = None,
         reconcile: ReconcileFn,
         key_map: KeyMapFn | None = None,
         resync_period: float | None = DEFAULT_RESYNC_PERIOD,
@@ -262,7 +275,9 @@ class ReconcileLoop:
         dispatch_gate: DispatchGate | None = None,
         cache_sync_timeout: float | None = DEFAULT_CACHE_SYNC_TIMEOUT,
         max_concurrent_reconciles: int = 1,
+        sources: Sequence[Watch] | None = None,
     ) -> None:
+        watches = _watches(source, key_map, sources)
         self._cache_sync_timeout = (
             None
             if cache_sync_timeout is None
@@ -281,8 +296,8 @@ class ReconcileLoop:
             else positive_finite("reconcile_timeout", reconcile_timeout)
         )
         self._event_loop = asyncio.get_running_loop()
-        self._reporter = _status_reporter(source)
-        self.name = _loop_name(name, source, self._reporter)
+        self._reporter = _status_reporter(watches[0].source)
+        self.name = _loop_name(name, watches[0].source, self._reporter)
         self._log = NamedLogger(logger, self.name)
         if self._resync_period is not None and self._resync_period < MINIMUM_RESYNC_PERIOD:
             self._log.warning(
@@ -297,19 +312,33 @@ class ReconcileLoop:
         self._leadership = leadership
         self._gate = dispatch_gate
         self._metrics = self._loop_metrics(_provider(metrics))
-        self._store = ObjectStore(key_map=key_map, name=self.name)
         self._queue: WorkQueue[ParentKey] = WorkQueue(
             on_added=None if self._metrics is None else self._metrics.added,
             one_worker_per_key=True,
         )
-        self._driver = SourceStreamDriver(
-            source=source,
-            store=self._store,
-            on_affected=self._queue.add_all,
-            retry_delay=source_retry_delay,
-            clock=self._clock,
-            name=self.name,
-        )
+        self._sources: SourceSet | None = None
+        self._driver: SourceStreamDriver | SourceSet
+        if sources is None:
+            self._source_name = watch_name(watches[0], 0)
+            self._store = ObjectStore(key_map=key_map, name=self.name)
+            self._driver = SourceStreamDriver(
+                source=watches[0].source,
+                store=self._store,
+                on_affected=self._queue.add_all,
+                retry_delay=source_retry_delay,
+                clock=self._clock,
+                name=self.name,
+            )
+        else:
+            self._driver = self._sources = SourceSet(
+                watches=watches,
+                on_affected=self._queue.add_all,
+                retry_delay=source_retry_delay,
+                clock=self._clock,
+                name=self.name,
+                reporter_of=_status_reporter,
+            )
+            self._store = self._sources.cache()
         self._retries: RetryScheduler[ParentKey] = RetryScheduler(
             on_retry=self._queue.add,
             failure_base_delay=failure_base_delay,
@@ -402,10 +431,22 @@ class ReconcileLoop:
             self._raise_error()
 
     def get_by_parent(self, parent: ParentKey) -> list[Any]:
+        """The first source's objects of ``parent``; ``cache(name)`` reads the others."""
         return self._store.get_by_parent(parent)
 
     def parent_keys(self) -> set[ParentKey]:
+        """The parents with a member in the first source's cache."""
         return self._store.parent_keys()
+
+    def cache(self, name: str | None = None) -> CacheReader:
+        """The cache of the watch named ``name`` (``None``: the first source's), read-only:
+        ``get(key)``, ``get_by_parent(parent)``, ``parent_keys()``; ``KeyError`` naming the
+        watches for an unknown name. A one-source loop's one watch is named for its source."""
+        if self._sources is not None:
+            return self._sources.cache(name)
+        if name is not None and name != self._source_name:
+            raise KeyError(f"no watch named {name!r}; the watches are {[self._source_name]}")
+        return self._store
 
     def status(self) -> LoopStatus:
         """A frozen snapshot of the loop; costs O(parents waiting for a retry)."""
@@ -445,6 +486,15 @@ class ReconcileLoop:
             listings_applied=self._driver.listings_applied,
             watch_events_applied=self._driver.watch_events_applied,
             objects_stored=len(self._store),
+            sources=self._watch_statuses(),
+        )
+
+    def _watch_statuses(self) -> tuple[WatchStatus, ...]:
+        if self._sources is not None:
+            return self._sources.statuses()
+        assert isinstance(self._driver, SourceStreamDriver)
+        return (
+            watch_status(self._source_name, self._driver, self._store, self._reporter, self._clock),
         )
 
     def source_status(self) -> SourceStatus:
@@ -538,10 +588,9 @@ class ReconcileLoop:
                 self._driver.wait_for_sync(), driver, self._clock.sleep(timeout)
             )
             if finished(timer) and not finished(synced):
-                last = self.source_status().last_error or "no error reported"
                 raise ReconcileLoopError(
                     f"reconcile loop {self.name!r}: timed out after {timeout:g}s waiting for the"
-                    f" store to sync (cache_sync_timeout); the source's last error: {last}"
+                    f" store to sync (cache_sync_timeout); {self._unsynced_errors()}"
                 )
         error = self._state.error
         if synced.cancelled() or self._state.phase in _ENDING:
@@ -551,6 +600,18 @@ class ReconcileLoop:
                     f" {_summary(error)}"
                 ) from error
             raise RuntimeError("the loop was stopped before the store synced")
+
+    def _unsynced_errors(self) -> str:
+        """The last error of each source not synced yet: the one source's, or each by name."""
+        if self._sources is None:
+            last = self.source_status().last_error or "no error reported"
+            return f"the source's last error: {last}"
+        return "; ".join(
+            f"source {watch.name!r} not synced, its last error:"
+            f" {watch.source.last_error or 'no error reported'}"
+            for watch in self._sources.statuses()
+            if not watch.synced
+        )
 
     async def _shut_down(self) -> None:
         if self._state.phase in _ENDING:
@@ -757,7 +818,39 @@ class ReconcileLoop:
     async def _resync(self, period: float) -> None:
         while True:
             await self._clock.sleep(period)
-            self._queue.add_all(self._store.parent_keys())
+            self._queue.add_all(self._all_parent_keys())
+
+    def _all_parent_keys(self) -> set[ParentKey]:
+        """Every parent with a member in any of the loop's caches (a resync re-delivers every
+        cached object of every source, as controller-runtime's informers do)."""
+        if self._sources is None:
+            return self._store.parent_keys()
+        keys: set[ParentKey] = set()
+        for store in self._sources.stores():
+            keys |= store.parent_keys()
+        return keys
+
+
+def _watches(
+    source: SourceWatchFn | None, key_map: KeyMapFn | None, sources: Sequence[Watch] | None
+) -> list[Watch]:
+    """The loop's watches: ``source`` (with ``key_map``) as one, or ``sources``; a clear
+    ``TypeError`` for neither, both, an empty list or a ``key_map`` beside ``sources``."""
+    if sources is None:
+        if source is None:
+            raise TypeError("ReconcileLoop takes source= or sources=")
+        return [Watch(source=source, key_map=key_map)]
+    if source is not None:
+        raise TypeError("ReconcileLoop takes source= or sources=, not both")
+    if key_map is not None:
+        raise TypeError("with sources=, each Watch carries its own key_map")
+    watches = list(sources)
+    if not watches:
+        raise TypeError("sources= needs at least one Watch")
+    for watch in watches:
+        if not isinstance(watch, Watch):
+            raise TypeError(f"sources= takes Watch values, got {type(watch).__name__}")
+    return watches
 
 
 def _provider(metrics: MetricsProvider | CollectorRegistry | None) -> MetricsProvider:

@@ -97,6 +97,19 @@ class ReconcileInFlight:
 
 
 @dataclass(frozen=True, slots=True)
+class WatchStatus:
+    """One watched source of a loop (``LoopStatus.sources``): its ``name``, whether its cache
+    synced, its ``SourceStatus``, and what its store applied and holds."""
+
+    name: str
+    synced: bool
+    source: SourceStatus
+    listings_applied: int = 0
+    watch_events_applied: int = 0
+    objects_stored: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class LoopStatus:
     """One snapshot of a ``ReconcileLoop``: ``ReconcileLoop.status()``.
 
@@ -105,6 +118,10 @@ class LoopStatus:
     counts one, however many objects it holds), ``watch_events_applied`` (upserts and deletes),
     and ``objects_stored``, the objects the store holds. ``events_applied``, the older name, is
     the first two together.
+
+    A loop with several sources (``sources=[Watch(...), ...]``) reports each in ``sources``, in
+    the order given; ``source`` and the counts above are then its first source's, and ``synced``
+    is true once every source has synced. A one-source loop's ``sources`` holds that one.
     """
 
     name: str
@@ -137,3 +154,5 @@ class LoopStatus:
     terminal_failures: int = 0
     """Reconciles that raised ``TerminalError``: counted in ``reconcile_failures`` too, and not
     retried."""
+    sources: tuple[WatchStatus, ...] = ()
+    """Each watched source, in the order given (the one source of a one-source loop)."""
