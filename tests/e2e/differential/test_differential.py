@@ -82,7 +82,7 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
     tmp_path: Path,
     watch_list: bool,
 ) -> None:
-    """Every operation and fault of the issue, then a checkpoint: our store equals a fresh LIST
+    """Every operation and fault of the plan, then a checkpoint: our store equals a fresh LIST
     (minus the parent-less pods our store evicts by design) and so does client-go's, and the
     compaction fault is a real 410 that makes both relist. Run with both clients listing by LIST,
     and with both streaming their lists (client-go's WatchListClient, its default since v0.35, and

@@ -37,7 +37,7 @@ class Timing:
 
     @property
     def silent_bound(self) -> float:
-        """The issue's bound on a takeover after the holder goes silent: LeaseDuration +
+        """The bound asked for on a takeover after the holder goes silent: LeaseDuration +
         RetryPeriod x (1 + jitter), which leaves out the standby's own observation lag."""
         return self.lease_duration + self.longest_retry
 

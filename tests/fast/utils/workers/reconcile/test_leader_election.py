@@ -1,7 +1,6 @@
 """Fast layer: ``leaderelection/leader_election.py`` and ``leaderelection/lease_lock.py`` on
 ``FakeLeaseApi`` and a ``FakeClock``: acquire, renew, loss at the renew deadline, takeover timed
-from the candidate's own observation, release, conflicts, and every kind of bad Lease the issue
-names."""
+from the candidate's own observation, release, conflicts, and every kind of bad Lease."""
 
 from __future__ import annotations
 
