@@ -44,6 +44,7 @@ from miles.utils.workers.reconcile.leaderelection.lease_lock import (
     LeaseNotFoundError,
 )
 from miles.utils.workers.reconcile.log import NamedLogger
+from miles.utils.workers.reconcile.tasks import finished, first_of
 
 logger = logging.getLogger(__name__)
 
@@ -252,18 +253,12 @@ class LeaderElector:
 
     async def _bounded(self, work: Coroutine[Any, Any, _T], seconds: float, late: _T) -> _T:
         """``work``'s result, or ``late`` if it takes ``seconds`` or more on the clock."""
-        attempt = asyncio.ensure_future(work)
-        timer = asyncio.ensure_future(self._clock.sleep(seconds))
-        try:
-            await asyncio.wait([attempt, timer], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            attempt.cancel()
-            timer.cancel()
-            await asyncio.wait([attempt, timer])
-        if attempt.cancelled():
+        attempt, _ = await first_of(work, self._clock.sleep(seconds))
+        if not finished(attempt):
             self._note_error(f"a request to the apiserver took {seconds:.3g}s or more")
             return late
-        return attempt.result()
+        result: _T = attempt.result()
+        return result
 
     # -- Go's tryAcquireOrRenew and tryRelease -------------------------------------------------
 

@@ -34,6 +34,7 @@ from miles.utils.workers.reconcile.manager.http_server import (
     not_found,
     parse_address,
 )
+from miles.utils.workers.reconcile.tasks import finished, first_of
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -259,17 +260,9 @@ class Manager:
         not when the grace ran out (or ``request_stop(graceful=False)`` cut it)."""
         if any(loop.in_flight_since() is not None for loop in self._loops):
             logger.info("stopping: waiting up to %ss for the reconciles in flight", grace)
-        drained = asyncio.create_task(self._drain_all())
-        ends: list[asyncio.Task[Any]] = [drained, asyncio.create_task(self._cut_grace.wait())]
-        if grace is not None:
-            ends.append(asyncio.create_task(self._clock.sleep(grace)))
-        try:
-            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
-            return not drained.done()
-        finally:
-            for task in ends:
-                task.cancel()
-            await asyncio.wait(ends)
+        grace_ends = () if grace is None else (self._clock.sleep(grace),)
+        drained, *_ = await first_of(self._drain_all(), self._cut_grace.wait(), *grace_ends)
+        return not finished(drained)
 
     async def _drain_all(self) -> None:
         await asyncio.gather(*(loop.drain() for loop in self._loops))
