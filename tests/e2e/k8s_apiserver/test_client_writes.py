@@ -1,21 +1,26 @@
 """Layer: real apiserver (cached), no kubelet. The write client (`client.Client` over
 `KubernetesAsyncioTransport`) against a real kube-apiserver: create, get, replace guarded by
 resourceVersion, merge, JSON (guarded by a `test`) and strategic merge patches, server-side apply
-with its field-manager conflicts and `force`, the status subresource, and delete with
+with its field-manager conflicts and `force`, the status subresource (of a pod and of a custom
+resource: patch, replace, apply; strategic merge refused for the latter before any request), and
+delete with
 preconditions, propagation policy and grace period; typed (a pydantic model) and dynamic (a dict).
 Each error is the runtime's own, told apart by its reason.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field
 
+import miles.utils.k8s_testenv
 from miles.utils.k8s_testenv import api_client
 from miles.utils.workers.reconcile.client import (
     Client,
@@ -34,7 +39,12 @@ from miles.utils.workers.reconcile.k8s_errors import (
     is_conflict,
 )
 from miles.utils.workers.reconcile.k8s_objects import DynamicObject
-from miles.utils.workers.reconcile.resource import CONFIG_MAPS, PODS
+from miles.utils.workers.reconcile.resource import (
+    CONFIG_MAPS,
+    CUSTOM_RESOURCE_DEFINITIONS,
+    PODS,
+    Resource,
+)
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -236,3 +246,70 @@ async def test_a_dynamic_object_round_trips(cached_kubeconfig: Path, k8s_namespa
         replaced = await writes.replace(CONFIG_MAPS, changed)
         assert replaced["data"] == {"k": "2"}
         assert replaced.metadata.resource_version != read.metadata.resource_version
+
+
+POOLS = Resource.custom(
+    group="miles.io", version="v1alpha1", plural="enginepools", kind="EnginePool"
+)
+CRD_MANIFEST = Path(miles.utils.k8s_testenv.__file__).parent / "crds" / "enginepool.yaml"
+
+
+async def install_pools(writes: Client) -> None:
+    """The engine pool CRD, created (or found) through the client and Established."""
+    manifest = yaml.safe_load(CRD_MANIFEST.read_text())
+    with suppress(AlreadyExistsError):
+        await writes.create(CUSTOM_RESOURCE_DEFINITIONS, manifest)
+    for _ in range(200):
+        crd = await writes.get(CUSTOM_RESOURCE_DEFINITIONS, manifest["metadata"]["name"])
+        conditions = crd.get("status", {}).get("conditions", [])
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the engine pool CRD never became Established")
+
+
+async def test_a_custom_resources_status_subresource(
+    cached_kubeconfig: Path, k8s_namespace: str
+) -> None:
+    async with writing(cached_kubeconfig) as writes:
+        await install_pools(writes)
+        pool = {"metadata": {"name": "pool"}, "spec": {"replicas": 3, "engine": "sglang"}}
+        made = await writes.create(POOLS, pool, namespace=k8s_namespace)
+        generation = made["metadata"]["generation"]
+        status = MergePatch({"status": {"readyReplicas": 1, "observedGeneration": generation}})
+        patched = await writes.patch(
+            POOLS, "pool", status, namespace=k8s_namespace, subresource="status"
+        )
+        assert patched["status"]["readyReplicas"] == 1
+        assert patched["metadata"]["generation"] == generation
+        # Through the main resource a status is ignored; through the status one, the spec is.
+        ignored = MergePatch({"status": {"readyReplicas": 9}, "spec": {"replicas": 4}})
+        main = await writes.patch(POOLS, "pool", ignored, namespace=k8s_namespace)
+        assert main["status"]["readyReplicas"] == 1
+        assert main["spec"]["replicas"] == 4
+        replaced = await writes.replace(
+            POOLS,
+            {**main, "status": {"readyReplicas": 2}, "spec": {"replicas": 7}},
+            subresource="status",
+        )
+        assert replaced["status"] == {"readyReplicas": 2}
+        assert replaced["spec"]["replicas"] == 4
+        with pytest.raises(ConflictError):
+            await writes.replace(
+                POOLS, {**main, "status": {"readyReplicas": 5}}, subresource="status"
+            )
+        desired = {
+            "metadata": {"name": "pool", "namespace": k8s_namespace},
+            "status": {"readyReplicas": 3},
+        }
+        with pytest.raises(ConflictError) as owned:
+            await writes.apply(POOLS, desired, field_manager="pool-status", subresource="status")
+        assert [c.field for c in owned.value.causes] == [".status.readyReplicas"]
+        applied = await writes.apply(
+            POOLS, desired, field_manager="pool-status", force=True, subresource="status"
+        )
+        assert applied["status"]["readyReplicas"] == 3
+        with pytest.raises(ValueError, match="strategic merge patch needs a built-in kind"):
+            await writes.patch(
+                POOLS, "pool", StrategicMergePatch({"spec": {}}), namespace=k8s_namespace
+            )
