@@ -11,16 +11,19 @@ from typing import Any
 
 import pytest
 
+from miles.utils.workers.reconcile.client import Patch
 from miles.utils.workers.reconcile.clock import FakeClock, settle
 from miles.utils.workers.reconcile.events import (
     AGGREGATE_PREFIX,
     MAX_QUEUED_EVENTS,
     MAX_TRIES_PER_EVENT,
+    ClientEventSink,
     Correlated,
     EventCorrelator,
     EventRecorder,
 )
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.resource import EVENTS, Resource
 
 POD: dict[str, Any] = {
     "apiVersion": "v1",
@@ -282,3 +285,43 @@ async def test_closing_ends_a_retry_sleep_and_gives_the_event_up() -> None:
         await settle()
         assert clock.sleepers == 1
     assert (len(sink.calls), recorder.given_up, recorder.written) == (1, 1, 0)
+
+
+@dataclass
+class _Writes:
+    """A write client that records what the sink asks of it."""
+
+    calls: list[tuple[str, object, str | None]] = field(default_factory=list)
+
+    async def create(
+        self, resource: Resource, obj: Mapping[str, Any], *, namespace: str | None = None
+    ) -> Any:
+        self.calls.append(("create", obj, namespace))
+        return {**obj, "metadata": {**obj["metadata"], "resourceVersion": "7"}}
+
+    async def patch(
+        self, resource: Resource, name: str, patch: Patch, *, namespace: str | None = None
+    ) -> Any:
+        assert resource == EVENTS
+        self.calls.append(("patch", (name, patch.content_type, patch.wire()), namespace))
+        return {"metadata": {"name": name, "namespace": namespace}, "count": 2}
+
+
+async def test_the_client_sink_creates_events_and_patches_them_by_strategic_merge() -> None:
+    writes, clock = _Writes(), FakeClock()
+    recorder = EventRecorder(
+        sink=ClientEventSink(writes), component="c", host="h", clock=clock, wall=lambda: START
+    )
+    async with recorder:
+        recorder.record(POD, "Normal", "Pulled", "pulled")
+        await settle()
+        recorder.record(POD, "Normal", "Pulled", "pulled")
+    (verb, created, namespace), (patch_verb, patched, _) = writes.calls
+    assert (verb, namespace, patch_verb) == ("create", "ns", "patch")
+    assert isinstance(created, dict)
+    name = created["metadata"]["name"]
+    assert patched == (
+        name,
+        "application/strategic-merge-patch+json",
+        {"count": 2, "lastTimestamp": "2026-05-28T20:26:40Z", "message": "pulled"},
+    )
