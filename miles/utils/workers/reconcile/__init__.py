@@ -27,7 +27,9 @@ and the examples sit on top. ``lint-imports`` checks this (the contracts are in
    (``PodList``, ``watch.Event``), ``k8s_types`` (core/v1 and batch/v1 types), ``k8s_objects``
    (``metav1.Object``, ``unstructured.Unstructured``), ``k8s_errors`` (``apierrors``),
    ``k8s_wire`` (``watch.Decoder``), ``k8s_framing`` (``util/framer``), ``k8s_pager``
-   (``tools/pager``), ``k8s_watch_health`` (http2's health check); their helpers
+   (``tools/pager``), ``k8s_watch_health`` (http2's health check), ``informer/`` (client-go's
+   ``SharedIndexInformer`` and ``SharedInformerFactory``: one watch and store for many loops);
+   their helpers
    ``managed_fields``, ``item_runs``, ``list_memory``, ``gc_pause``, ``heap_trim`` (none in Go:
    decoding and memory in Python).
 4. Process: what a controller binary adds around its loops, one package per concept.

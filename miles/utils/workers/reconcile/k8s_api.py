@@ -385,6 +385,13 @@ class KubernetesAsyncioPodApi(_ListWatchApi):
         )
 
 
+METADATA_WATCH_ACCEPT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+"""What client-go's metadata client accepts for a WATCH (``metadata/metadata.go``, its JSON half):
+each event's object is a ``PartialObjectMetadata``."""
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""The same for a LIST: the body is a ``PartialObjectMetadataList``."""
+
+
 class KubernetesAsyncioResourceApi(_ListWatchApi, Generic[_M]):
     """LIST, paged LIST, WATCH, streaming list and the cursor probe of any ``resource`` at the path
     the apiserver serves it (``/api/v1/...``, ``/apis/GROUP/VERSION/...``), its objects decoded
@@ -396,6 +403,11 @@ class KubernetesAsyncioResourceApi(_ListWatchApi, Generic[_M]):
     ``""`` only. Selectors are ``ListOptions``'s (label and field). Deadlines, the watch probe and
     every error are ``KubernetesAsyncioPodApi``'s, whose timeouts it takes; ``api_client`` is a
     ``kubernetes_asyncio`` ``ApiClient`` (a ``CoreV1Api``'s ``api_client``, say).
+
+    ``metadata_only=True`` asks the apiserver for the objects' metadata alone (client-go's
+    metadata client, controller-runtime's ``WatchesMetadata``): every request accepts
+    ``PartialObjectMetadata`` (a LIST ``PartialObjectMetadataList``), so spec and status never
+    cross the wire; decode into ``k8s_objects.PartialObjectMetadata`` (or a model of metadata).
     """
 
     def __init__(
@@ -410,10 +422,13 @@ class KubernetesAsyncioResourceApi(_ListWatchApi, Generic[_M]):
         watch_idle_timeout: float | None = None,
         watch_probe_after: float | None = WATCH_PROBE_AFTER,
         clock: Clock | None = None,
+        metadata_only: bool = False,
     ) -> None:
         self.api_client = api_client
         self._auth = self
         self.resource = resource
+        self.model = model
+        self.metadata_only = metadata_only
         self._noun = resource.kind
         self._decoder = ObjectDecoder(model, kind=resource.kind)
         self._decode_list = self._decoder.decode_list  # type: ignore[method-assign]
@@ -440,11 +455,14 @@ class KubernetesAsyncioResourceApi(_ListWatchApi, Generic[_M]):
                 400, "BadRequest", f"{self.resource.group_resource} is cluster-scoped: no namespace"
             )
         request = {k: options.pop(k) for k in ("_preload_content", "_request_timeout")}
+        accept = "application/json"
+        if self.metadata_only:
+            accept = METADATA_WATCH_ACCEPT if options.get("watch") else METADATA_LIST_ACCEPT
         return self.api_client.call_api(
             self.resource.path(namespace=namespace or None),
             "GET",
             query_params=_query_params(options),
-            header_params={"Accept": "application/json"},
+            header_params={"Accept": accept},
             auth_settings=["BearerToken"],
             **request,
         )

@@ -6,13 +6,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import Any, Protocol
 
 from miles.utils.workers.reconcile.arguments import positive_finite
 from miles.utils.workers.reconcile.backoff import Backoff
 from miles.utils.workers.reconcile.clock import Clock
 from miles.utils.workers.reconcile.log import NamedLogger, describe
-from miles.utils.workers.reconcile.object_store import ObjectStore
+from miles.utils.workers.reconcile.object_store import Affected
 from miles.utils.workers.reconcile.source_event import (
     SOURCE_EVENT_TYPES,
     ParentKey,
@@ -27,6 +27,17 @@ logger = logging.getLogger(__name__)
 _REPR_LIMIT = 200
 RELIST_ON_REOPEN = "stream reopened"
 RELIST_IN_STREAM = "replace in stream"
+
+
+class EventSink(Protocol):
+    """What the driver writes events into: an ``ObjectStore``, or a shared informer's store."""
+
+    replaces: int
+    """Whole-world replaces applied so far."""
+
+    def handle_event(self, event: SourceEvent) -> Affected: ...
+
+    def __len__(self) -> int: ...
 
 
 class SourceStreamDriver:
@@ -48,7 +59,7 @@ class SourceStreamDriver:
         self,
         *,
         source: SourceWatchFn,
-        store: ObjectStore,
+        store: EventSink,
         on_affected: Callable[[AbstractSet[ParentKey]], None],
         retry_delay: float,
         clock: Clock,
