@@ -22,39 +22,37 @@ attempt is one line, the loop's, which names the pod, the reason and the retry d
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import logging
-import os
-import socket
-import sys
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from miles.utils.workers.k8s_types import Pod
 from miles.utils.workers.reconcile.client import JsonPatch
+from miles.utils.workers.reconcile.examples import controller_process
+from miles.utils.workers.reconcile.examples.controller_process import (
+    ConfigError as ConfigError,
+)
+from miles.utils.workers.reconcile.examples.controller_process import (
+    ProcessConfig,
+    global_registry,
+    leader_elector,
+    main_of,
+    manager_of,
+    quiet_failures,
+)
+from miles.utils.workers.reconcile.examples.controller_process import (
+    identity_of as identity_of,
+)
 from miles.utils.workers.reconcile.k8s_errors import (
     ConflictError,
     ForbiddenError,
     KubernetesApiError,
 )
-from miles.utils.workers.reconcile.leaderelection.leader_election import (
-    DEFAULT_LEASE_DURATION,
-    DEFAULT_RENEW_DEADLINE,
-    DEFAULT_RETRY_PERIOD,
-)
 from miles.utils.workers.reconcile.loop import Leadership
-from miles.utils.workers.reconcile.manager.manager import (
-    DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
-    DEFAULT_HEALTH_PROBE_ADDRESS,
-    DEFAULT_METRICS_ADDRESS,
-)
 from miles.utils.workers.reconcile.resource import PODS, Resource
 
 logger = logging.getLogger("colocate_pairing")
@@ -84,63 +82,25 @@ class EventRecording(Protocol):
     ) -> None: ...
 
 
-class LeaderElectionConfig(BaseModel):
-    """Go: CR ``Options.LeaderElection*`` and client-go's timings (their defaults)."""
+class LeaderElectionConfig(controller_process.LeaderElectionConfig):
+    """Leader election, on the Lease ``colocate-pairing`` by default."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    enabled: bool = False
     lease_name: str = "colocate-pairing"
-    lease_namespace: str | None = None
-    """Default: the namespace the controller watches."""
-    identity: str | None = None
-    """Default: ``$POD_NAME``, else the hostname and a UUID (CR's ``getInClusterNamespace`` id)."""
-    lease_duration: float = DEFAULT_LEASE_DURATION
-    renew_deadline: float = DEFAULT_RENEW_DEADLINE
-    retry_period: float = DEFAULT_RETRY_PERIOD
 
 
-class PairingConfig(BaseModel):
+class PairingConfig(ProcessConfig):
     """The process's configuration file."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    namespace: str | None = None
-    """Default: the service account's namespace, else the kubeconfig context's."""
     selector: str = ""
     gate: str = "miles.io/paired-with-trainer"
     trainer_label: str = "miles.io/trainer"
     role_label: str = "miles.io/role"
     node_label: str = "kubernetes.io/hostname"
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
-    health_probe_bind_address: str = DEFAULT_HEALTH_PROBE_ADDRESS
-    metrics_bind_address: str = DEFAULT_METRICS_ADDRESS
-    graceful_shutdown_timeout: float = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT
-
-
-class ConfigError(ValueError):
-    """The configuration file cannot be read or is not a valid ``PairingConfig``; one line."""
 
 
 def load_config(path: Path) -> PairingConfig:
-    try:
-        document = json.loads(path.read_text())
-        return PairingConfig.model_validate(document)
-    except OSError as exc:
-        raise ConfigError(f"config {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"config {path}: not JSON: {exc}") from None
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigError(f"config {path}: {problems}") from None
-
-
-def identity_of(configured: str | None, environ: Mapping[str, str]) -> str:
-    """The lease holder's name: configured, else ``POD_NAME`` (the downward API), else
-    ``<hostname>_<uuid>`` as CR makes it unique."""
-    return configured or environ.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4()}"
+    return controller_process.load_config(path, PairingConfig)
 
 
 @dataclass(frozen=True)
@@ -325,35 +285,22 @@ async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[st
     from miles.utils.workers.reconcile.client import Client
     from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
     from miles.utils.workers.reconcile.k8s_api import (
-        KubernetesAsyncioLeaseApi,
         KubernetesAsyncioPodApi,
         KubernetesAsyncioTransport,
         kube_session,
     )
     from miles.utils.workers.reconcile.k8s_config import KubeTarget
-    from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
-    from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock
-    from miles.utils.workers.reconcile.manager.manager import Manager, run_until_signalled
+    from miles.utils.workers.reconcile.manager.manager import run_until_signalled
 
     target = KubeTarget(kubeconfig=kubeconfig, namespace=config.namespace)
     async with kube_session(target, environ) as session:
         namespace = session.namespace
-        election = config.leader_election
-        elector = None
-        if election.enabled:
-            lock = LeaseLock(
-                lease_api=KubernetesAsyncioLeaseApi.beside(session.core_v1_api),
-                namespace=election.lease_namespace or namespace,
-                name=election.lease_name,
-                identity=identity_of(election.identity, environ),
-            )
-            elector = LeaderElector(
-                lock=lock,
-                lease_duration=election.lease_duration,
-                renew_deadline=election.renew_deadline,
-                retry_period=election.retry_period,
-            )
-            logger.info("leader election on Lease %s as %s", lock.describe(), lock.identity)
+        elector = leader_elector(
+            config.leader_election,
+            core_v1_api=session.core_v1_api,
+            namespace=namespace,
+            environ=environ,
+        )
         client = Client(transport=KubernetesAsyncioTransport.beside(session.core_v1_api))
         recorder = EventRecorder(sink=ClientEventSink(client), component=EVENT_COMPONENT)
         controller = ColocatePairing(
@@ -363,63 +310,35 @@ async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[st
             config=config,
             leadership=elector,
         )
-        metrics = config.metrics_bind_address not in ("", "0")
         loop = pairing_loop(
             controller,
             pod_api=KubernetesAsyncioPodApi(core_v1_api=session.core_v1_api),
             namespace=namespace,
             selector=config.selector,
             leadership=elector,
-            metrics=_global_registry() if metrics else None,
+            metrics=global_registry() if config.metrics_enabled else None,
         )
-        manager = Manager(
-            loops=[loop],
-            elector=elector,
-            health_probe_address=config.health_probe_bind_address,
-            metrics_address=config.metrics_bind_address,
-            graceful_shutdown_timeout=config.graceful_shutdown_timeout,
-        )
+        manager = manager_of(config, loops=[loop], elector=elector)
         manager.readyz.add(PERMITTED_CHECK, controller.check)
         logger.info("pairing pods in namespace %s (selector %r)", namespace, config.selector)
         async with recorder:
             return await run_until_signalled(manager)
 
 
-def _global_registry() -> Any:
-    from prometheus_client import REGISTRY
-
-    return REGISTRY
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="colocate_pairing", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", type=Path, help="a JSON PairingConfig (default: all defaults)")
-    parser.add_argument(
-        "--kubeconfig", help="path to a kubeconfig (default: in-cluster, then the usual places)"
-    )
-    return parser.parse_args(argv)
-
-
-def without_traceback(record: logging.LogRecord) -> bool:
-    """A logging filter: the loop's line for a refusal this module explains carries no stack, so
-    each attempt is one line (the loop's, with its retry delay)."""
-    if record.exc_info and isinstance(record.exc_info[1], (PairingForbiddenError, NotLeadingError)):
-        record.exc_info = None
-    return True
+without_traceback = quiet_failures(PairingForbiddenError, NotLeadingError)
+"""A logging filter: the loop's line for a refusal this module explains carries no stack, so
+each attempt is one line (the loop's, with its retry delay)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    return main_of(
+        prog="colocate_pairing",
+        description=__doc__.split("\n")[0],
+        config=PairingConfig,
+        run=run,
+        log_filter=without_traceback,
+        argv=argv,
     )
-    logging.getLogger("miles.utils.workers.reconcile.loop").addFilter(without_traceback)
-    args = parse_args(argv)
-    try:
-        config = PairingConfig() if args.config is None else load_config(args.config)
-        return asyncio.run(run(config, args.kubeconfig, os.environ))
-    except Exception as exc:
-        print(f"colocate_pairing: {exc}", file=sys.stderr)
-        return 1
 
 
 if __name__ == "__main__":
