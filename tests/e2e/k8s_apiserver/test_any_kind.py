@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import yaml  # type: ignore[import-untyped]
@@ -284,4 +284,55 @@ async def test_a_crd_missing_at_start_is_picked_up_once_installed(
                 installed = loop.time()
                 await eventually(lambda: "x" in seen.latest(), what="x listed", within=15.0)
                 print(f"picked up {loop.time() - installed:.1f}s after the CRD was Established")
+    print(LAYER)
+
+
+class StrictPoolSpec(KubernetesModel):
+    replicas: int
+    engine: Literal["sglang", "vllm"]
+
+
+class StrictPool(KubernetesObject):
+    spec: StrictPoolSpec
+
+
+async def test_an_object_the_model_refuses_is_named_and_never_served(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one rule for LIST and WATCH (record row "Objects that do not validate"): a LIST leaves
+    the object out with one ERROR line; a WATCH frame carrying it ends the watch with one ERROR
+    line and relists, which drops the copy stored before; once it validates again it is back."""
+    async with k8s_api_client("cached") as api:
+        await _install_crd(api, yaml.safe_load(CRD_MANIFEST.read_text()))
+        custom = client.CustomObjectsApi(api)
+        args = (POOLS.group, POOLS.version, k8s_namespace, POOLS.plural)
+        bad = _pool("odd", 1)
+        bad["spec"]["engine"] = "other"
+        await custom.create_namespaced_custom_object(*args, _pool("good", 1))
+        await custom.create_namespaced_custom_object(*args, bad)
+        merge = "application/merge-patch+json"
+        reflector = _reflector(api, POOLS, StrictPool, namespace=k8s_namespace, retry_delay=0.2)
+        with caplog.at_level(logging.ERROR):
+            async with collecting(reflector) as seen:
+                await eventually(partial(_holds, seen, ["good"]), what="good alone")
+                listed = "EnginePool left out of LIST: EnginePool=odd"
+                assert any(listed in r.getMessage() for r in caplog.records)
+                await custom.patch_namespaced_custom_object(
+                    *args,
+                    "odd",
+                    {"spec": {"engine": "vllm"}},
+                    _content_type=merge,  # type: ignore[call-arg]
+                )
+                await eventually(partial(_holds, seen, ["good", "odd"]), what="odd valid")
+                await custom.patch_namespaced_custom_object(
+                    *args,
+                    "good",
+                    {"spec": {"engine": "other"}},
+                    _content_type=merge,  # type: ignore[call-arg]
+                )
+                await eventually(partial(_holds, seen, ["odd"]), what="good refused, dropped")
+        lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        frame = "EnginePool watch frame unreadable after resourceVersion="
+        assert any(frame in line and f"EnginePool {k8s_namespace}/good" in line for line in lines)
+        assert any("spec.engine" in line for line in lines)
     print(LAYER)
