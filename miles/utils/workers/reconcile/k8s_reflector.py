@@ -501,7 +501,10 @@ class KubernetesReflector:
         self._label_selector = label_selector
         self._field_selector = field_selector
         self._keyed_by_namespace = api is not None and not namespace
-        self._noun = "pod" if api is None else getattr(api, "_noun", "object")
+        resource: Resource = PODS if api is None else getattr(api, "resource", PODS)
+        if api is not None and namespace and not resource.namespaced:
+            raise TypeError(f"{resource.group_resource} is cluster-scoped: no namespace")
+        self._noun = "pod" if api is None else resource.kind
         self._watch_timeout_seconds = positive_whole("watch_timeout_seconds", watch_timeout_seconds)
         self._clock: Clock = clock or RealClock()
         self.name = name or default_loop_name(namespace, label_selector)
@@ -517,7 +520,7 @@ class KubernetesReflector:
             streams=streams,
             probes=self._paged is not None,
             noun=self._noun,
-            resource=_resource_name(getattr(api, "resource", PODS)),
+            resource=_resource_name(resource),
         )
         self._pacing = _Pacing(
             backoff_schedule(initial=positive_finite("retry_delay", retry_delay))

@@ -24,7 +24,7 @@ from miles.utils.workers.reconcile.k8s_reflector import (
     KubernetesReflector,
 )
 from miles.utils.workers.reconcile.k8s_values import ListOptions, ListPage, WatchEvent
-from miles.utils.workers.reconcile.resource import Resource
+from miles.utils.workers.reconcile.resource import NODES, Resource
 from miles.utils.workers.reconcile.source_event import (
     DeleteEvent,
     ReplaceEvent,
@@ -63,7 +63,6 @@ class FakeResourceApi:
     list_calls: list[ListOptions] = field(default_factory=list)
     watch_calls: list[dict[str, Any]] = field(default_factory=list)
     resource: Resource = POOLS
-    _noun: str = "EnginePool"
 
     async def list_page(self, options: ListOptions) -> ListPage[DynamicObject]:
         if options.resource_version is not None:
@@ -242,3 +241,10 @@ def test_a_pod_reflector_still_takes_one_namespace_and_no_field_selector() -> No
         KubernetesReflector(namespace="ns", label_selector="")
     with pytest.raises(TypeError, match="one namespace"):
         KubernetesReflector(kube_client=object(), namespace="", label_selector="")  # type: ignore[arg-type]
+
+
+def test_a_cluster_scoped_resource_takes_no_namespace() -> None:
+    nodes = FakeResourceApi(resource=NODES)
+    with pytest.raises(TypeError, match="nodes is cluster-scoped"):
+        KubernetesReflector(api=nodes, namespace="ns")
+    KubernetesReflector(api=nodes, namespace="")
