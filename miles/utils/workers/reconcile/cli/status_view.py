@@ -15,7 +15,12 @@ from datetime import datetime
 from typing import Any
 
 from miles.utils.workers.reconcile.log import one_line
-from miles.utils.workers.reconcile.status import LoopStatus, SourcePhase, SourceStatus
+from miles.utils.workers.reconcile.status import (
+    LoopStatus,
+    SourcePhase,
+    SourceStatus,
+    WatchStatus,
+)
 
 
 def wall_time(
@@ -123,6 +128,18 @@ def _named_counts(value: object) -> tuple[str, ...]:
     return ()
 
 
+def _watch_line(watch: WatchStatus) -> str:
+    """One source of a loop over several: name, phase, sync, objects, its last error."""
+    synced = "synced" if watch.synced else "not synced"
+    line = (
+        f"  {watch.name}: {watch.source.phase.value}, {synced}, {watch.objects_stored} objects,"
+        f" {watch.source.events} watch events"
+    )
+    if watch.source.last_error:
+        line += f"; last error: {one_line(watch.source.last_error)}"
+    return line
+
+
 def status_text(status: LoopStatus, *, now: Callable[[], float] = time.time) -> list[str]:
     """The snapshot as ``key: value`` lines, as ``kubectl describe`` lays a resource out."""
     source = status.source
@@ -161,6 +178,9 @@ def status_text(status: LoopStatus, *, now: Callable[[], float] = time.time) -> 
         lines.append(
             f"Reconciling:        {status.in_flight.parent} since {at(status.in_flight.started_at)}"
         )
+    if len(status.sources) > 1:
+        lines.append(f"Sources:            {len(status.sources)}")
+        lines.extend(_watch_line(watch) for watch in status.sources)
     stopped = _stopped(status)
     if stopped is not None:
         lines.append(

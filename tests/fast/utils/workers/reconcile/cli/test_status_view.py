@@ -3,6 +3,7 @@ JSON snapshot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import datetime
 
@@ -15,6 +16,7 @@ from miles.utils.workers.reconcile.status import (
     LoopStatus,
     RetryStatus,
     SourcePhase,
+    WatchStatus,
 )
 from tests.fast.utils.workers.reconcile.cli.view_fakes import (
     WALL,
@@ -111,3 +113,30 @@ def test_a_loop_that_stopped_on_its_own_says_so_in_the_status_line() -> None:
     tracker.observe(status)
     assert tracker.line() == "loop stopped: reconcile-worker crashed: boom"
     assert "Stopped:            reconcile-worker crashed: boom" in status_text(status)
+
+
+def test_a_loop_over_several_sources_shows_each_in_text_and_json() -> None:
+    pods = WatchStatus(
+        name="pods",
+        synced=False,
+        source=source(SourcePhase.BACKING_OFF, last_error="403 Forbidden"),
+        objects_stored=0,
+    )
+    pools = WatchStatus(
+        name="pools", synced=True, source=source(SourcePhase.WATCHING), objects_stored=2
+    )
+    status = LoopStatus(
+        name="n", taken_at=1.0, synced=False, source=pools.source, sources=(pools, pods)
+    )
+    text = status_text(status)
+    assert "Sources:            2" in text
+    assert "  pools: watching, synced, 2 objects, 0 watch events" in text
+    assert (
+        "  pods: backing off, not synced, 0 objects, 0 watch events; last error: 403 Forbidden"
+        in text
+    )
+    record = json.loads(json.dumps(status_record(status)))
+    assert [w["name"] for w in record["sources"]] == ["pools", "pods"]
+    assert record["sources"][1]["source"]["last_error"] == "403 Forbidden"
+    one = dataclasses.replace(status, sources=(pools,))
+    assert not any(line.startswith("Sources:") for line in status_text(one))
