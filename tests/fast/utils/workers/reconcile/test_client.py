@@ -8,8 +8,8 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -43,49 +43,22 @@ from miles.utils.workers.reconcile.k8s_errors import (
 )
 from miles.utils.workers.reconcile.k8s_objects import DynamicObject
 from miles.utils.workers.reconcile.resource import CONFIG_MAPS, NODES, PODS, Resource
+from tests.fast.utils.workers.reconcile.fake_transport import RecordingTransport, Sent
 
 POOLS = Resource.custom(group="miles.dev", version="v1", plural="pools", kind="Pool")
-
-
-@dataclass
-class Sent:
-    method: str
-    path: str
-    query: list[tuple[str, str]]
-    body: Any
-    content_type: str | None
 
 
 Answer = RawResponse | Exception
 
 
 @dataclass
-class FakeTransport:
-    """Answers requests in order from `answers` (the last one repeats); records what was sent."""
+class FakeTransport(RecordingTransport):
+    """Answers requests in order from `answers` (the last one repeats)."""
 
     answers: list[Answer]
-    sent: list[Sent] = field(default_factory=list)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: bytes | None = None,
-        content_type: str | None = None,
-        deadline: float | None = None,
-    ) -> RawResponse:
-        assert deadline is not None
-        self.sent.append(
-            Sent(
-                method, path, list(query), None if body is None else json.loads(body), content_type
-            )
-        )
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
+    def answer(self, sent: Sent) -> Answer:
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
 
 
 def ok(obj: dict[str, Any]) -> RawResponse:

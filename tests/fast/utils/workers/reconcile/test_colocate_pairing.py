@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from miles.utils.workers.reconcile.examples.colocate_pairing import (
     load_config,
     without_traceback,
 )
+from tests.fast.utils.workers.reconcile.fake_transport import RecordingTransport, Sent
 
 CONFIG = PairingConfig(trainer_label="t", role_label="r", gate="g")
 
@@ -34,25 +35,16 @@ _REASONS = {403: "Forbidden", 409: "Conflict", 422: "Invalid"}
 
 
 @dataclass
-class Patches:
-    """A ``Transport`` under the real write client: records each pod PATCH as (namespace, name,
-    JSON patch) and answers it with the pod, or with ``refuse_with``'s Status."""
+class Patches(RecordingTransport):
+    """Records each pod PATCH it accepts in ``patched`` as (namespace, name, JSON patch) and
+    answers it with the pod, or refuses every one with ``refuse_with``'s Status."""
 
-    sent: list[tuple[str, str, list[dict[str, Any]]]] = field(default_factory=list)
+    patched: list[tuple[str, str, list[dict[str, Any]]]] = field(default_factory=list)
     refuse_with: int | None = None
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: bytes | None = None,
-        content_type: str | None = None,
-        deadline: float | None = None,
-    ) -> RawResponse:
-        assert (method, content_type) == ("PATCH", "application/json-patch+json")
-        _, _, _, _, namespace, _, name = path.split("/")
+    def answer(self, sent: Sent) -> RawResponse:
+        assert (sent.method, sent.content_type) == ("PATCH", "application/json-patch+json")
+        _, _, _, _, namespace, _, name = sent.path.split("/")
         if self.refuse_with is not None:
             status = {
                 "kind": "Status",
@@ -61,8 +53,8 @@ class Patches:
                 "message": f'pods "{name}" is forbidden: no patch',
             }
             return RawResponse(self.refuse_with, json.dumps(status).encode())
-        assert body is not None
-        self.sent.append((namespace, name, json.loads(body)))
+        assert sent.body is not None
+        self.patched.append((namespace, name, sent.body))
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -142,7 +134,7 @@ async def test_one_guarded_patch_pins_and_ungates_only_gated_inference_pods() ->
     test = {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
     pinned = {"zone": "a", "kubernetes.io/hostname": "node-1"}
     selector = {"op": "add", "path": "/spec/nodeSelector", "value": pinned}
-    assert patches.sent == [
+    assert patches.patched == [
         ("ns", "infer-0", [test, selector, {"op": "remove", "path": "/spec/schedulingGates"}]),
         (
             "ns",
@@ -162,7 +154,7 @@ async def test_nothing_is_sent_without_a_trainer_on_a_node() -> None:
     pairing = await controller(patches).pair(
         "trainer-0", [unbound, pod("i", "inference", gates=("g",))]
     )
-    assert (pairing.node, pairing.released, patches.sent) == (None, (), [])
+    assert (pairing.node, pairing.released, patches.patched) == (None, (), [])
 
 
 async def test_no_patch_is_sent_while_not_leading() -> None:
@@ -171,11 +163,11 @@ async def test_no_patch_is_sent_while_not_leading() -> None:
         await controller(patches, leading=False).pair(
             "trainer-0", [TRAINER, pod("infer-0", "inference", gates=("g",))]
         )
-    assert patches.sent == []
+    assert patches.patched == []
     await controller(patches, leading=True).pair(
         "trainer-0", [TRAINER, pod("infer-0", "inference", gates=("g",))]
     )
-    assert [name for _, name, _ in patches.sent] == ["infer-0"]
+    assert [name for _, name, _ in patches.patched] == ["infer-0"]
 
 
 async def test_a_forbidden_patch_is_one_line_and_fails_readiness_until_one_succeeds(

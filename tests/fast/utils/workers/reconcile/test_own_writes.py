@@ -16,6 +16,7 @@ from miles.utils.workers.reconcile.own_writes import OwnWrites, resource_version
 from miles.utils.workers.reconcile.resource import CONFIG_MAPS, PODS
 from miles.utils.workers.reconcile.source_event import ParentKey, UpsertEvent
 from miles.utils.workers.reconcile.status import SourcePhase, SourceStatus
+from tests.fast.utils.workers.reconcile.fake_transport import RecordingTransport, Sent
 from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, parent_of, replace, upsert
 
 POOL = "pool-a"
@@ -145,15 +146,15 @@ def test_resource_versions_that_do_not_parse_have_no_order(version: str) -> None
     assert tracker.pending(POOL) == (version or None)
 
 
-class _AnsweringTransport:
+@dataclass
+class _AnsweringTransport(RecordingTransport):
     """Answers every request with the object it names, at the next resourceVersion."""
 
-    def __init__(self) -> None:
-        self.version = 40
+    version: int = 40
 
-    async def request(self, method: str, path: str, **_: object) -> RawResponse:
+    def answer(self, sent: Sent) -> RawResponse:
         self.version += 1
-        name = path.rsplit("/", 1)[-1]
+        name = sent.path.rsplit("/", 1)[-1]
         body = {"kind": "X", "metadata": {"name": name, "resourceVersion": str(self.version)}}
         return RawResponse(200, json.dumps(body).encode())
 
