@@ -14,13 +14,15 @@ import json
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage, PodWatchEvent
 
 PARENT_LABEL = "miles.io/cell"
 GATE = "miles.io/paired"
+
+T = TypeVar("T")
 
 
 def realistic_pod(
@@ -369,7 +371,7 @@ class ContractPodApi:
 
     async def list_pods(self, *, namespace: str, label_selector: str) -> PodListPage:
         self.list_calls.append((namespace, label_selector))
-        return await _pop(self.lists)
+        return await next_scripted(self.lists)
 
     async def stream_pods(
         self,
@@ -408,7 +410,7 @@ class FakePodApi(ContractPodApi):
             if options.continue_token is None:
                 self.list_calls.append((options.namespace, options.label_selector))
             self.page_calls.append(PageCall(options.limit, options.continue_token))
-            return await _pop(self.lists)
+            return await next_scripted(self.lists)
         assert options.continue_token is None, "a continuation never carries a resourceVersion"
         self.probe_calls.append(
             ProbeCall(
@@ -417,7 +419,7 @@ class FakePodApi(ContractPodApi):
         )
         if not self.probes:
             return PodListPage((), options.resource_version)
-        return await _pop(self.probes)
+        return await next_scripted(self.probes)
 
 
 @dataclass
@@ -450,7 +452,8 @@ async def _play(scripts: list[Script]) -> AsyncIterator[PodWatchEvent]:
             await step()
 
 
-async def _pop(queue: list[PodListPage | BaseException]) -> PodListPage:
+async def next_scripted(queue: list[T | BaseException]) -> T:
+    """The next scripted answer, raised when it is an exception; a dry queue parks the call."""
     if not queue:
         await asyncio.Event().wait()
     entry = queue.pop(0)

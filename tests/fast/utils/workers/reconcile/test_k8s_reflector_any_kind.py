@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from miles.utils.k8s_testenv.testing.k8s_fakes import next_scripted
 from miles.utils.workers.reconcile.clock import FakeClock
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError, KubernetesApiError
 from miles.utils.workers.reconcile.k8s_interfaces import ResourceApi, UndecodedPodPage
@@ -68,8 +69,7 @@ class FakeResourceApi:
         if options.resource_version is not None:
             return ListPage((), options.resource_version)
         self.list_calls.append(options)
-        page: ListPage[DynamicObject] = await _pop(self.lists)
-        return page
+        return await next_scripted(self.lists)
 
     async def read_page(
         self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
@@ -97,15 +97,6 @@ class _Read:
 
     def decode(self) -> ListPage[DynamicObject]:
         return self.page
-
-
-async def _pop(queue: list[Any]) -> Any:
-    if not queue:
-        await asyncio.Event().wait()
-    entry = queue.pop(0)
-    if isinstance(entry, BaseException):
-        raise entry
-    return entry
 
 
 async def _play(
