@@ -61,8 +61,8 @@ async def eventually(
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def open_namespaced_pod_watches(api_client: Any) -> int:
-    """The apiserver's own count of WATCH requests on namespaced pods that are open right now."""
+async def apiserver_metrics(api_client: Any) -> str:
+    """The apiserver's own ``/metrics`` text, read with the client's credentials."""
     resp = await api_client.call_api(
         "/metrics",
         "GET",
@@ -70,7 +70,12 @@ async def open_namespaced_pod_watches(api_client: Any) -> int:
         response_types_map={},
         _preload_content=False,
     )
-    text = (await resp.read()).decode()
+    return str((await resp.read()).decode())
+
+
+async def open_namespaced_pod_watches(api_client: Any) -> int:
+    """The apiserver's own count of WATCH requests on namespaced pods that are open right now."""
+    text = await apiserver_metrics(api_client)
     prefix = "apiserver_longrunning_requests{"
     labels = ('resource="pods"', 'scope="namespace"', 'verb="WATCH"', 'subresource=""')
     return sum(
