@@ -52,6 +52,18 @@ def _value(registry: CollectorRegistry, name: str, labels: dict[str, str]) -> fl
     return registry.get_sample_value(name, labels)
 
 
+def _histogram(
+    registry: CollectorRegistry, name: str, labels: dict[str, str], *bounds: str
+) -> tuple[object, ...]:
+    """A histogram's count, sum and cumulative bucket counts at ``bounds``."""
+    buckets = [_value(registry, f"{name}_bucket", {**labels, "le": le}) for le in bounds]
+    return (
+        _value(registry, f"{name}_count", labels),
+        _value(registry, f"{name}_sum", labels),
+        buckets,
+    )
+
+
 async def test_queue_series_depth_adds_retries_and_durations() -> None:
     source, clock, registry = FakeSource(), FakeClock(), CollectorRegistry()
     gate = asyncio.Event()
@@ -81,11 +93,8 @@ async def test_queue_series_depth_adds_retries_and_durations() -> None:
         assert _value(registry, "workqueue_unfinished_work_seconds", QUEUE) == 0
         assert _value(registry, "controller_runtime_active_workers", LOOP) == 0
         assert _value(registry, "workqueue_retries_total", QUEUE) == 1
-        waited = "workqueue_queue_duration_seconds"
-        assert _value(registry, f"{waited}_count", QUEUE) == 3
-        assert _value(registry, f"{waited}_sum", QUEUE) == pytest.approx(0 + 2.5 + 3.0)
-        assert _value(registry, f"{waited}_bucket", {**QUEUE, "le": "1.0"}) == 1
-        assert _value(registry, f"{waited}_bucket", {**QUEUE, "le": "10.0"}) == 3
+        waited = _histogram(registry, "workqueue_queue_duration_seconds", QUEUE, "1.0", "10.0")
+        assert waited == (3, pytest.approx(0 + 2.5 + 3.0), [1, 3])
         worked = "workqueue_work_duration_seconds"
         assert _value(registry, f"{worked}_sum", QUEUE) == pytest.approx(2.5 + 0.5 + 0.5)
         assert _value(registry, f"{worked}_bucket", {**QUEUE, "le": "+Inf"}) == 3
@@ -123,11 +132,10 @@ async def test_reconcile_series_by_result_errors_timeouts_and_time() -> None:
         )
         assert _value(registry, "controller_runtime_reconcile_errors_total", LOOP) == 2
         assert _value(registry, "controller_runtime_reconcile_timeouts_total", LOOP) == 1
-        timed = "controller_runtime_reconcile_time_seconds"
-        assert _value(registry, f"{timed}_count", LOOP) == 3
-        assert _value(registry, f"{timed}_sum", LOOP) == pytest.approx(0.2 + 0 + 3.0)
-        assert _value(registry, f"{timed}_bucket", {**LOOP, "le": "0.25"}) == 2
-        assert _value(registry, f"{timed}_bucket", {**LOOP, "le": "3.0"}) == 3
+        timed = _histogram(
+            registry, "controller_runtime_reconcile_time_seconds", LOOP, "0.25", "3.0"
+        )
+        assert timed == (3, pytest.approx(0.2 + 0 + 3.0), [2, 3])
     assert RECONCILE_TIME_BUCKETS[0] == 0.005
     assert RECONCILE_TIME_BUCKETS[-1] == 60.0
     assert len(RECONCILE_TIME_BUCKETS) == 40
