@@ -6,26 +6,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from miles.utils.workers.reconcile.clock import FakeClock, settle
-from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.result import Result, TerminalError
 from miles.utils.workers.reconcile.source_event import ParentKey
-from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, Switch, parent_of, replace
+from tests.fast.utils.workers.reconcile.fakes import FakeSource, Pod, Switch, fake_loop, replace
 
-
-def _loop(source: FakeSource, reconcile: Any, clock: FakeClock, **kwargs: Any) -> ReconcileLoop:
-    return ReconcileLoop(
-        source=source, reconcile=reconcile, key_map=parent_of, clock=clock, **kwargs
-    )
+_loop = fake_loop
 
 
 def _pods(*parents: str) -> list[Pod]:
     return [Pod(f"pod-{parent}", parent) for parent in parents]
+
+
+@dataclass
+class _HungOnStuck:
+    """A reconcile that hangs on the parent "stuck" until ``hang`` is set and notes every parent
+    it finished in ``done``."""
+
+    hang: asyncio.Event = field(default_factory=asyncio.Event)
+    done: list[ParentKey] = field(default_factory=list)
+
+    async def __call__(self, parent: ParentKey) -> None:
+        if parent == "stuck":
+            await self.hang.wait()
+        self.done.append(parent)
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "2", True, None])
@@ -35,19 +45,11 @@ async def test_max_concurrent_reconciles_is_a_whole_number_of_at_least_one(value
 
 
 async def test_a_hung_reconcile_holds_only_its_own_parent_with_two_workers() -> None:
-    source, clock = FakeSource(), FakeClock()
-    hang = asyncio.Event()
-    done: list[ParentKey] = []
-
-    async def reconcile(parent: ParentKey) -> None:
-        if parent == "stuck":
-            await hang.wait()
-        done.append(parent)
-
+    source, clock, reconcile = FakeSource(), FakeClock(), _HungOnStuck()
     source.push(replace(*_pods("stuck", "a", "b", "c")))
     async with _loop(source, reconcile, clock, max_concurrent_reconciles=2) as loop:
         await settle()
-        assert done == ["a", "b", "c"]
+        assert reconcile.done == ["a", "b", "c"]
         status = loop.status()
         assert status.max_concurrent_reconciles == 2
         assert [r.parent for r in status.in_flight_all] == ["stuck"]
@@ -55,29 +57,21 @@ async def test_a_hung_reconcile_holds_only_its_own_parent_with_two_workers() -> 
         assert status.in_flight.parent == "stuck"
         await clock.advance(61.0)
         assert loop.status().in_flight_all[0].slow, "slow_reconcile_after holds per worker"
-        hang.set()
+        reconcile.hang.set()
         await settle()
         assert loop.status().in_flight_all == ()
 
 
 async def test_with_one_worker_a_hung_reconcile_holds_the_others_as_before() -> None:
-    source, clock = FakeSource(), FakeClock()
-    hang = asyncio.Event()
-    done: list[ParentKey] = []
-
-    async def reconcile(parent: ParentKey) -> None:
-        if parent == "stuck":
-            await hang.wait()
-        done.append(parent)
-
+    source, clock, reconcile = FakeSource(), FakeClock(), _HungOnStuck()
     source.push(replace(*_pods("stuck", "a")))
     async with _loop(source, reconcile, clock) as loop:
         await settle()
-        assert done == []
+        assert reconcile.done == []
         assert loop.status().max_concurrent_reconciles == 1
-        hang.set()
+        reconcile.hang.set()
         await settle()
-        assert done == ["stuck", "a"]
+        assert reconcile.done == ["stuck", "a"]
 
 
 async def test_a_parent_changed_during_its_reconcile_runs_again_after_it_never_beside() -> None:
