@@ -13,7 +13,6 @@ loops over the same pods open one watch and hold one store; leaving the block cl
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from types import TracebackType
 from typing import Any
 
 from miles.utils.workers.reconcile.clock import Clock
@@ -99,10 +98,5 @@ class SharedInformerFactory:
     async def __aenter__(self) -> SharedInformerFactory:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
