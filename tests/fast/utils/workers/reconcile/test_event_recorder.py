@@ -112,13 +112,19 @@ async def test_the_spam_budget_is_per_object_and_type() -> None:
     assert recorder.written == 3 * 25
 
 
-async def test_ten_similar_events_within_600_seconds_become_one_combined_event() -> None:
+async def _twelve_similar_events(*, apart: float) -> tuple[_Sink, EventRecorder]:
+    """Twelve events alike but for their message, ``apart`` seconds from one to the next."""
     clock, sink = FakeClock(), _Sink()
     async with _recorder(sink, clock) as recorder:
         for i in range(12):
             recorder.record(POD, "Normal", "Scaled", f"scaled to {i}")
             await settle()
-            await clock.advance(59.0)
+            await clock.advance(apart)
+    return sink, recorder
+
+
+async def test_ten_similar_events_within_600_seconds_become_one_combined_event() -> None:
+    sink, _ = await _twelve_similar_events(apart=59.0)
     # nine plain events, the tenth combined; the 11th and 12th patch the combined one
     assert [verb for verb, _, _ in sink.calls] == ["create"] * 10 + ["patch"] * 2
     combined = [e for e in sink.events.values() if e["message"].startswith(AGGREGATE_PREFIX)]
@@ -129,12 +135,7 @@ async def test_ten_similar_events_within_600_seconds_become_one_combined_event()
 
 
 async def test_a_gap_over_600_seconds_starts_the_similar_count_again() -> None:
-    clock, sink = FakeClock(), _Sink()
-    async with _recorder(sink, clock) as recorder:
-        for i in range(12):
-            recorder.record(POD, "Normal", "Scaled", f"scaled to {i}")
-            await settle()
-            await clock.advance(601.0)
+    sink, recorder = await _twelve_similar_events(apart=601.0)
     assert recorder.written == 12
     assert not any(e["message"].startswith(AGGREGATE_PREFIX) for e in sink.events.values())
 
