@@ -91,6 +91,17 @@ def _manager(*loops: ReconcileLoop, clock: FakeClock, **kwargs: object) -> Manag
     )
 
 
+async def _reconciling(clock: FakeClock) -> tuple[Manager, ReconcileLoop, FakeSource, Gate]:
+    """An entered manager whose one loop is in the reconcile of parent "a", held by its gate."""
+    source, gate = FakeSource(), Gate()
+    source.push(replace(Pod("p", "a")))
+    loop = _loop(source, gate, clock)
+    manager = _manager(loop, clock=clock)
+    await manager.__aenter__()
+    await _until(lambda: gate.started == ["a"])
+    return manager, loop, source, gate
+
+
 async def _until(condition: object) -> None:
     for _ in range(1000):
         if condition():  # type: ignore[operator]
@@ -152,12 +163,8 @@ async def test_a_dead_loop_fails_healthz_and_wait_raises_one_line() -> None:
 
 
 async def test_stop_lets_the_reconcile_in_flight_finish_within_the_grace() -> None:
-    clock, source, gate = FakeClock(), FakeSource(), Gate()
-    source.push(replace(Pod("p", "a")))
-    loop = _loop(source, gate, clock)
-    manager = _manager(loop, clock=clock)
-    await manager.__aenter__()
-    await _until(lambda: gate.started == ["a"])
+    clock = FakeClock()
+    manager, loop, source, gate = await _reconciling(clock)
     manager.request_stop()
     await manager.wait()
     exiting = asyncio.create_task(manager.__aexit__(None, None, None))
@@ -175,11 +182,8 @@ async def test_stop_lets_the_reconcile_in_flight_finish_within_the_grace() -> No
 
 
 async def test_a_reconcile_past_the_grace_is_cancelled_and_exit_says_so() -> None:
-    clock, source, gate = FakeClock(), FakeSource(), Gate()
-    source.push(replace(Pod("p", "a")))
-    manager = _manager(_loop(source, gate, clock), clock=clock)
-    await manager.__aenter__()
-    await _until(lambda: gate.started == ["a"])
+    clock = FakeClock()
+    manager, _, _, gate = await _reconciling(clock)
     manager.request_stop()
     exiting = asyncio.create_task(manager.__aexit__(None, None, None))
     await clock.advance(GRACE)
@@ -189,11 +193,8 @@ async def test_a_reconcile_past_the_grace_is_cancelled_and_exit_says_so() -> Non
 
 
 async def test_a_stop_without_grace_cancels_the_reconcile_at_once() -> None:
-    clock, source, gate = FakeClock(), FakeSource(), Gate()
-    source.push(replace(Pod("p", "a")))
-    manager = _manager(_loop(source, gate, clock), clock=clock)
-    await manager.__aenter__()
-    await _until(lambda: gate.started == ["a"])
+    clock = FakeClock()
+    manager, _, _, gate = await _reconciling(clock)
     manager.request_stop(graceful=False)
     assert manager.grace_cut
     with pytest.raises(ManagerError, match="grace period"):
