@@ -73,6 +73,17 @@ async def apiserver_metrics(api_client: Any) -> str:
     return str((await resp.read()).decode())
 
 
+async def apiserver_requests(api_client: Any, resource: str, *verbs: str) -> dict[str, int]:
+    """The apiserver's own ``apiserver_request_total`` on ``resource``, summed for each verb."""
+    counts = dict.fromkeys(verbs, 0)
+    for line in (await apiserver_metrics(api_client)).splitlines():
+        if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line:
+            for verb in counts:
+                if f'verb="{verb}"' in line:
+                    counts[verb] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
 async def open_namespaced_pod_watches(api_client: Any) -> int:
     """The apiserver's own count of WATCH requests on namespaced pods that are open right now."""
     text = await apiserver_metrics(api_client)

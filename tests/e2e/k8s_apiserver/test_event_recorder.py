@@ -22,7 +22,7 @@ from miles.utils.k8s_testenv import ApiClientFactory
 from miles.utils.workers.reconcile.client import Client
 from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport
-from tests.e2e.k8s_apiserver.harness import apiserver_metrics, create_pod
+from tests.e2e.k8s_apiserver.harness import apiserver_requests, create_pod
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -37,13 +37,7 @@ def _sink(api: Any) -> ClientEventSink:
 
 async def _event_writes(api: Any) -> dict[str, int]:
     """The apiserver's count of POST and PATCH requests on events, by verb."""
-    counts = {"POST": 0, "PATCH": 0}
-    for line in (await apiserver_metrics(api)).splitlines():
-        if line.startswith("apiserver_request_total{") and 'resource="events"' in line:
-            for verb in counts:
-                if f'verb="{verb}"' in line:
-                    counts[verb] += int(float(line.rsplit(" ", 1)[1]))
-    return counts
+    return await apiserver_requests(api, "events", "POST", "PATCH")
 
 
 async def _kubectl(kubeconfig: Path, *args: str) -> str:

@@ -31,7 +31,7 @@ from miles.utils.workers.reconcile.owner_key_map import owner_key_map
 from miles.utils.workers.reconcile.resource import PODS, Resource
 from miles.utils.workers.reconcile.source_event import ParentKey, SourceWatchFn
 from miles.utils.workers.reconcile.watches import Watch
-from tests.e2e.k8s_apiserver.harness import eventually, pod_manifest
+from tests.e2e.k8s_apiserver.harness import apiserver_requests, eventually, pod_manifest
 from tests.e2e.k8s_apiserver.test_any_kind import EnginePool, _install_crd, _pool
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -135,20 +135,7 @@ async def test_a_loop_over_pools_and_the_pods_they_own_metadata_only(
 
 async def _pod_reads(api: Any) -> dict[str, int]:
     """The apiserver's count of LIST and WATCH requests on pods."""
-    response = await api.call_api(
-        "/metrics",
-        "GET",
-        auth_settings=["BearerToken"],
-        response_types_map={},
-        _preload_content=False,
-    )
-    counts = {"LIST": 0, "WATCH": 0}
-    for line in (await response.read()).decode().splitlines():
-        if line.startswith("apiserver_request_total{") and 'resource="pods"' in line:
-            for verb in counts:
-                if f'verb="{verb}"' in line:
-                    counts[verb] += int(float(line.rsplit(" ", 1)[1]))
-    return counts
+    return await apiserver_requests(api, "pods", "LIST", "WATCH")
 
 
 async def _reads_of_two_loops(
