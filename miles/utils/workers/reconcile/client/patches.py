@@ -28,11 +28,11 @@ _OPS = frozenset({"add", "remove", "replace", "move", "copy", "test"})
 
 
 @dataclass(frozen=True, slots=True)
-class MergePatch:
+class _ObjectPatch:
+    """A partial object, ``resource_version`` written into its ``metadata`` as the guard."""
+
     body: Mapping[str, Any]
     resource_version: str | None = None
-
-    content_type = MERGE_PATCH
 
     def wire(self) -> Any:
         if self.resource_version is None:
@@ -43,14 +43,13 @@ class MergePatch:
 
 
 @dataclass(frozen=True, slots=True)
-class StrategicMergePatch:
-    body: Mapping[str, Any]
-    resource_version: str | None = None
+class MergePatch(_ObjectPatch):
+    content_type = MERGE_PATCH
 
+
+@dataclass(frozen=True, slots=True)
+class StrategicMergePatch(_ObjectPatch):
     content_type = STRATEGIC_MERGE_PATCH
-
-    def wire(self) -> Any:
-        return MergePatch(self.body, self.resource_version).wire()
 
 
 @dataclass(frozen=True, slots=True)
