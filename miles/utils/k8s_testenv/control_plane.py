@@ -13,7 +13,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from miles.utils.k8s_testenv.apiserver import KubeApiServer
 from miles.utils.k8s_testenv.binaries import BinaryPaths, ensure_binaries
@@ -97,9 +97,7 @@ class LocalControlPlane(Component):
 
     @property
     def work_dir(self) -> Path:
-        if self._work_dir is None:
-            raise RuntimeError("the control plane is not started")
-        return self._work_dir
+        return _started(self._work_dir)
 
     @property
     def binaries(self) -> BinaryPaths:
@@ -109,16 +107,12 @@ class LocalControlPlane(Component):
 
     @property
     def etcd(self) -> Etcd:
-        if self._etcd is None:
-            raise RuntimeError("the control plane is not started")
-        return self._etcd
+        return _started(self._etcd)
 
     @property
     def credentials(self) -> Credentials:
         """The plane's CA, keys and tokens, including a node token for this host's kubelet."""
-        if self._credentials is None:
-            raise RuntimeError("the control plane is not started")
-        return self._credentials
+        return _started(self._credentials)
 
     def apiserver(self, name: ApiServerName) -> KubeApiServer:
         return self._apiservers[name]
@@ -309,3 +303,13 @@ class ExternalControlPlane:
 
 def _print_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+_T = TypeVar("_T")
+
+
+def _started(part: _T | None) -> _T:
+    """A part the plane has once started, or the error of asking for it before."""
+    if part is None:
+        raise RuntimeError("the control plane is not started")
+    return part
