@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.apiserver_oracle import Oracle, baseline_rss, oracle_process
-from bench.apiserver_proc import REPO_ROOT, KernelShare, child_argv, cpu_seconds, rss_bytes
+from bench.apiserver_proc import (
+    REPO_ROOT,
+    KernelShare,
+    child_argv,
+    close_child,
+    cpu_seconds,
+    rss_bytes,
+)
 from bench.report import Values, percentile
 
 LINE_LIMIT = 256 * 2**20
@@ -112,13 +119,7 @@ async def child(
     try:
         yield Child(process, module)
     finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), 10.0)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await close_child(process, within=10.0)
 
 
 @contextlib.asynccontextmanager

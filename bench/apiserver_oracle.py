@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.apiserver_proc import SELECTOR, cpu_seconds, rss_bytes
+from bench.apiserver_proc import SELECTOR, close_child, cpu_seconds, rss_bytes
 
 SYNC_POLL_SECONDS = 0.005
 EMPTY_SELECTOR = "miles.io/cell=bench-matches-nothing"
@@ -139,13 +139,7 @@ async def oracle_process(
     try:
         yield Oracle(process)
     finally:
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), 5.0)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
+        await close_child(process, within=5.0)
 
 
 async def baseline_rss(

@@ -135,5 +135,17 @@ class AppliedEvents:
                 return
 
 
+async def close_child(process: asyncio.subprocess.Process, *, within: float) -> None:
+    """Closes the child's stdin (no more commands) and waits ``within`` seconds for it to exit,
+    then kills it."""
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        await asyncio.wait_for(process.wait(), within)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+
+
 def child_argv(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", f"bench.{module}", *args]
