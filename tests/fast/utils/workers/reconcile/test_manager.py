@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -91,15 +92,37 @@ def _manager(*loops: ReconcileLoop, clock: FakeClock, **kwargs: object) -> Manag
     )
 
 
-async def _reconciling(clock: FakeClock) -> tuple[Manager, ReconcileLoop, FakeSource, Gate]:
-    """An entered manager whose one loop is in the reconcile of parent "a", held by its gate."""
+def _gated(clock: FakeClock) -> tuple[Manager, ReconcileLoop, FakeSource, Gate]:
+    """A manager of one loop whose reconcile of parent "a" waits for its gate."""
     source, gate = FakeSource(), Gate()
     source.push(replace(Pod("p", "a")))
     loop = _loop(source, gate, clock)
-    manager = _manager(loop, clock=clock)
+    return _manager(loop, clock=clock), loop, source, gate
+
+
+async def _reconciling(clock: FakeClock) -> tuple[Manager, ReconcileLoop, FakeSource, Gate]:
+    """``_gated``'s manager entered, its loop in the reconcile of "a"."""
+    manager, loop, source, gate = _gated(clock)
     await manager.__aenter__()
     await _until(lambda: gate.started == ["a"])
     return manager, loop, source, gate
+
+
+async def _signalled_mid_reconcile(signum: int, then: Callable[[Gate], object]) -> tuple[int, Gate]:
+    """``run_until_signalled`` over ``_gated``'s manager, sent ``signum`` while the reconcile of
+    "a" waits; ``then`` runs once the stop is requested. The exit code, and the gate."""
+    manager, _, _, gate = _gated(FakeClock())
+
+    async def send() -> None:
+        await _until(lambda: gate.started == ["a"])
+        os.kill(os.getpid(), signum)
+        await _until(lambda: manager.stop_requested)
+        then(gate)
+
+    sender = asyncio.create_task(send())
+    code = await run_until_signalled(manager)
+    await sender
+    return code, gate
 
 
 async def _until(condition: object) -> None:
@@ -309,36 +332,16 @@ def test_loop_names_are_unique_and_addresses_checked() -> None:
 
 
 async def test_sigterm_stops_gracefully_and_returns_0() -> None:
-    clock, source, gate = FakeClock(), FakeSource(), Gate()
-    source.push(replace(Pod("p", "a")))
-    manager = _manager(_loop(source, gate, clock), clock=clock)
-
-    async def signal_mid_reconcile() -> None:
-        await _until(lambda: gate.started == ["a"])
-        os.kill(os.getpid(), signal.SIGTERM)
-        await _until(lambda: manager.stop_requested)
-        gate.open()
-
-    sender = asyncio.create_task(signal_mid_reconcile())
-    assert await run_until_signalled(manager) == 0
-    await sender
+    code, gate = await _signalled_mid_reconcile(signal.SIGTERM, then=lambda gate: gate.open())
+    assert code == 0
     assert gate.finished == ["a"]
 
 
 async def test_a_second_signal_cuts_the_grace_and_returns_1() -> None:
-    clock, source, gate = FakeClock(), FakeSource(), Gate()
-    source.push(replace(Pod("p", "a")))
-    manager = _manager(_loop(source, gate, clock), clock=clock)
-
-    async def signal_twice() -> None:
-        await _until(lambda: gate.started == ["a"])
-        os.kill(os.getpid(), signal.SIGINT)
-        await _until(lambda: manager.stop_requested)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    sender = asyncio.create_task(signal_twice())
-    assert await run_until_signalled(manager) == 1
-    await sender
+    code, gate = await _signalled_mid_reconcile(
+        signal.SIGINT, then=lambda _: os.kill(os.getpid(), signal.SIGINT)
+    )
+    assert code == 1
     assert gate.cancelled == ["a"]
 
 
