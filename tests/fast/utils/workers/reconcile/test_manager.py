@@ -125,6 +125,14 @@ async def _signalled_mid_reconcile(signum: int, then: Callable[[Gate], object]) 
     return code, gate
 
 
+async def _probe(manager: Manager, path: str) -> tuple[int, str]:
+    """The probe server's answer to ``path``: its status and body."""
+    port = manager.probe_port
+    assert port is not None
+    answer = await get(port, path)
+    return answer.status, answer.body
+
+
 async def _until(condition: object) -> None:
     for _ in range(1000):
         if condition():  # type: ignore[operator]
@@ -137,13 +145,12 @@ async def test_readyz_waits_for_every_loop_to_sync_and_healthz_is_ok_meanwhile()
     clock, source, gate = FakeClock(), FakeSource(), Gate()
     gate.open()
     async with _manager(_loop(source, gate, clock), clock=clock) as manager:
-        port = manager.probe_port
-        assert port is not None
-        unready = await get(port, "/readyz")
-        assert (unready.status, unready.body) == (
+        assert await _probe(manager, "/readyz") == (
             500,
             "[-]pods failed: reason withheld\nhealthz check failed\n",
         )
+        port = manager.probe_port
+        assert port is not None
         assert (await get(port, "/readyz/pods")).body == "internal server error: not synced\n"
         assert (await get(port, "/healthz")).body == "ok"
         source.push(replace(Pod("p", "a")))
@@ -176,10 +183,7 @@ async def test_a_dead_loop_fails_healthz_and_wait_raises_one_line() -> None:
         await clock.advance(10.0)
         with pytest.raises(ManagerError, match="reconcile loop 'pods' stopped: RuntimeError"):
             await manager.wait()
-        port = manager.probe_port
-        assert port is not None
-        dead = await get(port, "/healthz/pods")
-        assert (dead.status, dead.body) == (
+        assert await _probe(manager, "/healthz/pods") == (
             500,
             "internal server error: RuntimeError: store index corrupted\n",
         )
