@@ -34,7 +34,7 @@ from miles.utils.k8s_testenv import (
     api_client,
     ensure_binaries,
 )
-from miles.utils.k8s_testenv.binaries import ensure_tool_binary
+from miles.utils.k8s_testenv.binaries import ensure_tool_binary, print_stderr
 from miles.utils.k8s_testenv.testing.differential.lifecycle import logs_to
 from miles.utils.k8s_testenv.testing.leader_interop.analysis import analyse
 from miles.utils.k8s_testenv.testing.leader_interop.candidates import OURS_MODULE, ours_available
@@ -45,10 +45,6 @@ from miles.utils.k8s_testenv.testing.leader_interop.harness import (
 )
 from miles.utils.k8s_testenv.testing.leader_interop.records import Side, Timing
 from miles.utils.k8s_testenv.testing.leader_interop.report import render
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def _arguments() -> argparse.Namespace:
@@ -81,7 +77,9 @@ def _kubeconfig(settings: EnvSettings) -> Iterator[Path]:
         yield settings.kubeconfig
         return
     with LocalControlPlane(
-        binaries=ensure_binaries(settings=settings, log=_say), settings=settings, announce=_say
+        binaries=ensure_binaries(settings=settings, log=print_stderr),
+        settings=settings,
+        announce=print_stderr,
     ) as plane:
         yield plane.cached_kubeconfig
 
@@ -101,11 +99,13 @@ def main() -> int:
     args = _arguments()
     ours = args.ours
     if ours and not ours_available():
-        _say(f"leader_interop: {OURS_MODULE} is not importable here: client-go candidates only")
+        print_stderr(
+            f"leader_interop: {OURS_MODULE} is not importable here: client-go candidates only"
+        )
         ours = 0
     sides = interleaved(ours, args.go)
     if len(sides) < 2:
-        _say("leader_interop: at least two candidates are needed")
+        print_stderr("leader_interop: at least two candidates are needed")
         return 2
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="miles-leader-interop-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def main() -> int:
     )
     settings = EnvSettings.from_env()
     try:
-        go_binary = ensure_tool_binary("leader-candidate", settings=settings, log=_say)
+        go_binary = ensure_tool_binary("leader-candidate", settings=settings, log=print_stderr)
         with logs_to(work_dir / "harness.log"), _kubeconfig(settings) as kubeconfig:
             config = InteropConfig(
                 kubeconfig=kubeconfig,

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from bench.soak_sampler import ResourceSampler
 from miles.utils.k8s_testenv import EnvSettings, K8sTestEnvError, ensure_binaries
+from miles.utils.k8s_testenv.binaries import print_stderr
 from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig
 from miles.utils.k8s_testenv.testing.differential.environment import (
     DifferentialEnvironment,
@@ -47,10 +48,6 @@ from miles.utils.k8s_testenv.testing.differential.ours import (
 )
 from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, ci_plan
 from miles.utils.k8s_testenv.testing.differential.stats import Stats
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def _arguments() -> argparse.Namespace:
@@ -149,7 +146,7 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
         kwok_unavailable=env.kwok_unavailable,
         real_node=env.real_node,
         real_node_unavailable=env.real_node_unavailable,
-        log=_say,
+        log=print_stderr,
         ours=_ours(args, env.work_dir),
     )
     sampler = ResourceSampler(
@@ -202,11 +199,11 @@ def main() -> int:
     )
     settings = EnvSettings.from_env()
     try:
-        binaries = ensure_binaries(settings=settings, log=_say)
+        binaries = ensure_binaries(settings=settings, log=print_stderr)
         with (
             logs_to(work_dir / "runtime.log"),
             differential_environment(
-                binaries=binaries, settings=settings, work_dir=work_dir, log=_say
+                binaries=binaries, settings=settings, work_dir=work_dir, log=print_stderr
             ) as env,
         ):
             stats = asyncio.run(_run(env, args))

@@ -37,6 +37,7 @@ from miles.utils.k8s_testenv import (
     api_client,
     ensure_binaries,
 )
+from miles.utils.k8s_testenv.binaries import print_stderr
 from miles.utils.k8s_testenv.http_fault_proxy import WATCH, HttpFaultProxy
 from miles.utils.workers.reconcile.k8s_api import WATCH_PROBE_AFTER, KubernetesAsyncioPodApi
 from miles.utils.workers.reconcile.k8s_errors import KubernetesConnectionError
@@ -69,10 +70,6 @@ class Idle:
     ended: str | None
 
 
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.watch_health")
     parser.add_argument("--late", type=float, default=40.0, help="seconds from freeze to change")
@@ -92,8 +89,8 @@ def _apiservers(settings: EnvSettings) -> Iterator[dict[str, Path]]:
     if settings.kubeconfig is not None:
         yield {"reused": settings.kubeconfig}
         return
-    binaries = ensure_binaries(settings=settings, log=_say)
-    with LocalControlPlane(binaries=binaries, settings=settings, announce=_say) as plane:
+    binaries = ensure_binaries(settings=settings, log=print_stderr)
+    with LocalControlPlane(binaries=binaries, settings=settings, announce=print_stderr) as plane:
         yield {"cached": plane.cached_kubeconfig, "uncached": plane.uncached_kubeconfig}
 
 

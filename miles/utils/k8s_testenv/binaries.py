@@ -127,7 +127,8 @@ class NodeBinaryPaths:
     engine: Path
 
 
-def _print_stderr(line: str) -> None:
+def print_stderr(line: str) -> None:
+    """The test environment's and the benchmarks' default ``LogFn``: a line on stderr, flushed."""
     print(line, file=sys.stderr, flush=True)
 
 
@@ -299,7 +300,7 @@ def ensure_binaries(
     *,
     names: Iterable[str] | None = None,
     settings: EnvSettings | None = None,
-    log: LogFn = _print_stderr,
+    log: LogFn = print_stderr,
 ) -> BinaryPaths:
     """Builds every control-plane binary that is missing or stale; returns the paths of all four.
 
@@ -318,7 +319,7 @@ def ensure_binaries(
 
 
 def ensure_node_binaries(
-    *, settings: EnvSettings | None = None, log: LogFn = _print_stderr
+    *, settings: EnvSettings | None = None, log: LogFn = print_stderr
 ) -> NodeBinaryPaths:
     """Builds the real node's binaries that are missing or stale (kubelet alone takes ~10 min
     on two cores from a cold Go build cache); returns their paths."""
@@ -333,7 +334,7 @@ def ensure_node_binaries(
 
 
 def ensure_tool_binary(
-    name: str, *, settings: EnvSettings | None = None, log: LogFn = _print_stderr
+    name: str, *, settings: EnvSettings | None = None, log: LogFn = print_stderr
 ) -> Path:
     """Builds one of `TOOL_BINARIES` if it is missing or stale; returns its path."""
     if name not in TOOL_BINARIES:

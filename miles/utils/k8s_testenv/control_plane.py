@@ -9,14 +9,13 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
 
 from miles.utils.k8s_testenv.apiserver import KubeApiServer
-from miles.utils.k8s_testenv.binaries import BinaryPaths, ensure_binaries
+from miles.utils.k8s_testenv.binaries import BinaryPaths, ensure_binaries, print_stderr
 from miles.utils.k8s_testenv.certs import Credentials, generate_credentials
 from miles.utils.k8s_testenv.component import Component
 from miles.utils.k8s_testenv.errors import FaultUnsupportedError
@@ -81,7 +80,7 @@ class LocalControlPlane(Component):
         self._binaries = binaries
         self._addons = list(addons)
         self.keep = self._settings.keep if keep is None else keep
-        self._announce = announce or _print_stderr
+        self._announce = announce or print_stderr
         self._processes: list[ManagedProcess] = []
         self._started_addons: list[ControlPlaneAddon] = []
         self._work_dir: Path | None = None
@@ -299,10 +298,6 @@ class ExternalControlPlane:
 
     def restore_etcd(self, snapshot: Path, *, stop_apiservers: bool = False) -> None:
         raise self._unsupported("restoring etcd from a snapshot")
-
-
-def _print_stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 _T = TypeVar("_T")

@@ -22,7 +22,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -30,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from miles.utils.k8s_testenv.binaries import NodeBinaryPaths, ensure_node_binaries
+from miles.utils.k8s_testenv.binaries import NodeBinaryPaths, ensure_node_binaries, print_stderr
 from miles.utils.k8s_testenv.certs import Credentials
 from miles.utils.k8s_testenv.component import Component
 from miles.utils.k8s_testenv.errors import PrerequisiteError
@@ -73,10 +72,6 @@ CNI_BIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 _COMMANDS = ("containerd", "ctr", "runc", "unshare", "nsenter", "ip", "nft")
 _POD_DRAIN_SECONDS = 60.0
 _KUBELET_STOP_GRACE = 30.0
-
-
-def _print_stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def node_name() -> str:
@@ -163,7 +158,7 @@ class RealNode(Component):
         credentials: Credentials,
         work_dir: Path,
         start_timeout: float = 90.0,
-        log: LogFn = _print_stderr,
+        log: LogFn = print_stderr,
         lock_path: Path = LOCK_PATH,
     ) -> None:
         if credentials.node_token is None:
