@@ -22,11 +22,15 @@ class _Fired:
 
 
 def _scheduler(
-    clock: FakeClock, fired: _Fired, *, base: float = 1.0, cap: float = 60.0
-) -> RetryScheduler[str]:
-    return RetryScheduler(
+    *, base: float = 1.0, cap: float = 60.0
+) -> tuple[FakeClock, _Fired, RetryScheduler[str]]:
+    """A scheduler on a fake clock whose retries are noted, with the times they fired at."""
+    clock = FakeClock()
+    fired = _Fired(clock)
+    scheduler = RetryScheduler(
         on_retry=fired, failure_base_delay=base, failure_max_delay=cap, clock=clock
     )
+    return clock, fired, scheduler
 
 
 async def test_poll_interval_is_one_second() -> None:
@@ -36,9 +40,7 @@ async def test_poll_interval_is_one_second() -> None:
 async def test_row_delaying_queue_replaced_retry_fires_at_most_one_poll_interval_late() -> None:
     """Row "Delaying queue ... Replaced by latest-wins deadlines swept by one POLL_INTERVAL loop":
     a retry never fires early and at most one POLL_INTERVAL after its deadline."""
-    clock = FakeClock()
-    fired = _Fired(clock)
-    scheduler = _scheduler(clock, fired, base=2.0)
+    clock, fired, scheduler = _scheduler(base=2.0)
     await clock.advance(0.3)
     scheduler.note_failure("cell-0")
     await clock.advance(2.0)
@@ -53,9 +55,7 @@ async def test_row_delaying_queue_replaced_retry_fires_at_most_one_poll_interval
 
 async def test_backoff_doubles_per_failure_and_is_capped() -> None:
     """Delay is base * 2**(n-1), capped at failure_max_delay."""
-    clock = FakeClock()
-    fired = _Fired(clock)
-    scheduler = _scheduler(clock, fired, base=1.0, cap=5.0)
+    clock, fired, scheduler = _scheduler(base=1.0, cap=5.0)
     fire_times = []
     for _ in range(5):
         failed_at = clock.time()
@@ -69,9 +69,7 @@ async def test_backoff_doubles_per_failure_and_is_capped() -> None:
 
 async def test_latest_failure_wins_over_an_earlier_deadline() -> None:
     """Latest-wins: a new failure overwrites the deadline instead of adding a second one."""
-    clock = FakeClock()
-    fired = _Fired(clock)
-    scheduler = _scheduler(clock, fired, base=1.0)
+    clock, fired, scheduler = _scheduler(base=1.0)
     scheduler.note_failure("k")  # due at 1
     scheduler.note_failure("k")  # due at 2, replaces 1
     await clock.advance(1.0)
@@ -82,9 +80,7 @@ async def test_latest_failure_wins_over_an_earlier_deadline() -> None:
 
 
 async def test_success_forgets_the_key_and_its_pending_retry() -> None:
-    clock = FakeClock()
-    fired = _Fired(clock)
-    scheduler = _scheduler(clock, fired, base=1.0)
+    clock, fired, scheduler = _scheduler(base=1.0)
     for _ in range(4):
         scheduler.note_failure("k")
     scheduler.note_success("k")
@@ -98,9 +94,7 @@ async def test_success_forgets_the_key_and_its_pending_retry() -> None:
 
 async def test_row_bucket_limiter_dropped_many_keys_retry_on_their_own_schedules() -> None:
     """Row "Bucket rate limiter: Dropped": no global budget; 500 failing keys all fire on time."""
-    clock = FakeClock()
-    fired = _Fired(clock)
-    scheduler = _scheduler(clock, fired, base=1.0)
+    clock, fired, scheduler = _scheduler(base=1.0)
     for i in range(500):
         scheduler.note_failure(f"k{i}")
     await clock.advance(1.0)
@@ -135,8 +129,7 @@ async def test_row_poller_starts_in_init_and_shutdown_leaves_no_task() -> None:
     """Row "Delaying queue": the poller is created in __init__ (so construction needs a running
     loop) and ticks while idle; shutdown() cancels and awaits it."""
     before = asyncio.all_tasks()
-    clock = FakeClock()
-    scheduler = _scheduler(clock, _Fired(clock))
+    clock, _, scheduler = _scheduler()
     await clock.advance(0)
     assert clock.sleepers == 1, "idle poller parked on the clock"
     await clock.advance(5 * POLL_INTERVAL)
@@ -154,9 +147,7 @@ def test_row_poller_construction_needs_a_running_loop() -> None:
 async def test_huge_failure_counts_stay_capped_without_overflow(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = FakeClock()
-    fired = _Fired(clock)
-    scheduler = _scheduler(clock, fired, base=1.0, cap=30.0)
+    clock, fired, scheduler = _scheduler(base=1.0, cap=30.0)
     with caplog.at_level(logging.ERROR):
         for _ in range(5000):
             scheduler.note_failure("k")
@@ -170,9 +161,7 @@ async def test_huge_failure_counts_stay_capped_without_overflow(
 async def test_after_shutdown_nothing_is_pending_and_a_failure_records_nothing(stop: str) -> None:
     """A retry that can never fire is not pending. What waited is dropped at
     shutdown, and a failure noted later returns an infinite delay and records nothing."""
-    clock = FakeClock()
-    fired = _Fired(clock)
-    scheduler = _scheduler(clock, fired)
+    clock, fired, scheduler = _scheduler()
     scheduler.note_failure("cell-0", "boom")
     assert [retry.key for retry in scheduler.pending()] == ["cell-0"]
     if stop == "shutdown":
@@ -197,5 +186,5 @@ async def test_a_maximum_delay_below_the_base_is_rejected_naming_both(
     before = asyncio.all_tasks()
     message = rf"failure_max_delay \({cap!r}\) must be at least failure_base_delay \({base!r}\)"
     with pytest.raises(ValueError, match=message):
-        _scheduler(FakeClock(), _Fired(FakeClock()), base=base, cap=cap)
+        _scheduler(base=base, cap=cap)
     assert asyncio.all_tasks() == before
