@@ -39,6 +39,8 @@ from miles.utils.workers.reconcile.tasks import finished, first_of
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from miles.utils.workers.reconcile.informer import SharedInformerFactory
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_HEALTH_PROBE_ADDRESS = ":8081"
@@ -84,6 +86,9 @@ class Manager:
     renders ``registry`` (default: ``prometheus_client``'s global one), so give the loops the same
     (``ReconcileLoop(metrics=registry)``); it needs the ``metrics`` extra. ``healthz`` and
     ``readyz`` take more checks before the manager starts (Go: ``AddHealthzCheck``).
+    ``informers`` (an ``informer.SharedInformerFactory`` its loops subscribe through, so loops over
+    the same resource share one watch and store, as controllers share CR's manager cache) is
+    closed once every loop has stopped.
     Construct it, like its loops, inside the running event loop.
     """
 
@@ -97,6 +102,7 @@ class Manager:
         registry: CollectorRegistry | None = None,
         graceful_shutdown_timeout: float | None = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
         clock: Clock | None = None,
+        informers: SharedInformerFactory | None = None,
     ) -> None:
         names = [loop.name for loop in loops]
         if len(set(names)) != len(names):
@@ -125,6 +131,8 @@ class Manager:
             self.healthz.add(LEADER_ELECTION_CHECK, elector.check)
             self.readyz.add(LEADER_ELECTION_CHECK, self._campaigning)
         self._stack = AsyncExitStack()
+        if informers is not None:
+            self._stack.push_async_callback(informers.aclose)
         self._probe_server: HttpServer | None = None
         self._metrics_server: HttpServer | None = None
         self._tasks: list[asyncio.Task[None]] = []

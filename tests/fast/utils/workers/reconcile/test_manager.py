@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from miles.utils.k8s_testenv.testing.lease_fakes import FakeLeaseApi
 from miles.utils.workers.reconcile.clock import FakeClock, settle
+from miles.utils.workers.reconcile.informer import SharedInformerFactory
 from miles.utils.workers.reconcile.leaderelection.leader_election import LeaderElector
 from miles.utils.workers.reconcile.leaderelection.lease_lock import LeaseLock, LeaseObject
 from miles.utils.workers.reconcile.loop import ReconcileLoop
@@ -22,9 +23,11 @@ from miles.utils.workers.reconcile.source_event import ParentKey
 from tests.fast.utils.workers.reconcile.fakes import (
     FakeSource,
     Pod,
+    Recorder,
     fake_loop,
     parent_of,
     replace,
+    run_until,
     upsert,
 )
 from tests.fast.utils.workers.reconcile.http_probe import get
@@ -392,3 +395,28 @@ async def test_a_zero_grace_cuts_the_reconcile_without_an_error() -> None:
         await _until(lambda: gate.started == ["a"])
         manager.request_stop()
     assert gate.cancelled == ["a"]
+
+
+async def test_two_controllers_share_the_managers_informers_which_close_after_them() -> None:
+    """Two loops over the same pods through the manager's ``informers``: one watch, one store;
+    leaving the manager stops the loops, then closes the shared stream."""
+    clock, upstream = FakeClock(), FakeSource()
+    factory = SharedInformerFactory(clock=clock)
+    informer = factory.informer("pods", lambda: upstream, name="pods")
+    recorders = [Recorder(), Recorder()]
+    loops = [
+        ReconcileLoop(
+            source=informer.subscribe(), reconcile=r, key_map=parent_of, clock=clock, name=f"c{i}"
+        )
+        for i, r in enumerate(recorders)
+    ]
+    upstream.push(replace(Pod("a-0", "cell-1")))
+    manager = Manager(
+        loops=loops, clock=clock, health_probe_address="0", metrics_address="0", informers=factory
+    )
+    async with manager:
+        await run_until(lambda: all(r.calls == ["cell-1"] for r in recorders))
+        assert upstream.opened == 1
+    assert upstream.closed == 1
+    with pytest.raises(RuntimeError, match="closed"):
+        informer.subscribe()
