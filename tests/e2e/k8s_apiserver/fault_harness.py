@@ -137,6 +137,7 @@ async def faulted_cells(
     watch_timeout_seconds: int = 60,
     before_start: Callable[[HttpFaultProxy], object] | None = None,
     create_namespace: bool = False,
+    consistency_check_period: float | None = None,
     **api_options: float,
 ) -> AsyncIterator[Faulted]:
     """`Cells` started behind a new proxy; `before_start` adds faults the first LIST must meet."""
@@ -156,6 +157,7 @@ async def faulted_cells(
                 api=recording,
                 retry_delay=retry_delay,
                 watch_timeout_seconds=watch_timeout_seconds,
+                consistency_check_period=consistency_check_period,
             ) as cells:
                 yield Faulted(cells, proxy, client.CoreV1Api(straight), namespace)
 

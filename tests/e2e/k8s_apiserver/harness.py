@@ -219,6 +219,7 @@ class Cells:
         watch_timeout_seconds: int = 60,
         retry_delay: float = 0.2,
         metrics: MetricsTarget | None = None,
+        consistency_check_period: float | None = None,
     ) -> AsyncIterator[Cells]:
         cells = cls(core_v1=core_v1, namespace=namespace, api=api or RecordingPodApi.over(core_v1))
         reflector = KubernetesReflector(
@@ -227,6 +228,7 @@ class Cells:
             label_selector=SELECTOR,
             watch_timeout_seconds=watch_timeout_seconds,
             retry_delay=retry_delay,
+            consistency_check_period=consistency_check_period,
         )
         cells._loop = ReconcileLoop(
             source=reflector.watch,

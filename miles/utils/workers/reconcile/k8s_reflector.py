@@ -53,13 +53,20 @@ Invariants:
 5. Nothing a frame contains ends the stream; only the consumer closing it does.
 6. Only ``_transition`` chooses a next state or a delay, and it reads nothing but its arguments;
    an action only reports what happened, and the driver only does what a step says.
+7. With ``consistency_check_period`` (opt-in), each watch asks the server to close it by the time
+   the period since the last listing has passed, and that close relists at once (relist reason
+   ``consistency check``) as a ``ReplaceEvent`` marked ``check``, which the store compares by uid
+   and resourceVersion and applies only where it differs: what a history that went back loses
+   once writes pass the cursor is bounded by the period. Nothing is added per WATCH event.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import math
 import random
+import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
@@ -98,6 +105,7 @@ from miles.utils.workers.reconcile.status import SourcePhase, SourceStatus
 
 __all__ = [
     "BOOKMARK_INTERVAL_SECONDS",
+    "CONSISTENCY_CHECK",
     "DEFAULT_RETRY_DELAY",
     "LIST_PAGE_SIZE",
     "PROBE_LIMIT",
@@ -129,6 +137,10 @@ group) or forbidden (403: RBAC) is tried again: controller-runtime's ``Kind`` so
 ``GetInformer`` every 10 s (``pkg/internal/source/kind.go``), so a CRD installed meanwhile is
 picked up within that."""
 _NOT_SERVED = {404: "not served", 403: "forbidden"}
+TOO_LARGE = "cursor too large"
+_SERVER_REVISION = re.compile(r"current: (\d+)")
+CONSISTENCY_CHECK = "consistency check"
+"""The relist reason of the opt-in periodic consistency LIST (``consistency_check_period``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,11 +201,13 @@ class _Listed:
 
 @dataclass(frozen=True, slots=True)
 class _Closed:
-    """A watch (or a streaming list) that ended without an error."""
+    """A watch (or a streaming list) that ended without an error; ``check_due`` when the opt-in
+    consistency check's period has passed since the last listing."""
 
     cursor: str
     frames: int
     lasted: float
+    check_due: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +273,7 @@ def _unanswered(err: BaseException) -> bool:
 def _relist_reason(err: BaseException) -> str:
     code = err.frame.code if isinstance(err, WatchErrorFrame) else getattr(err, "code", None)
     if _verdict(err) is _Verdict.CURSOR_DEAD:
-        return "cursor too large" if code == 504 else "cursor expired"
+        return TOO_LARGE if code == 504 else "cursor expired"
     if isinstance(err, FrameDecodeError):
         return "frame unreadable"
     return "watch failed"
@@ -360,6 +374,14 @@ def _decide(
             what=f"streaming list closed after {outcome.frames} frames without the "
             "initial-events-end bookmark; falling back to a LIST",
         )
+    if outcome.check_due:
+        return _Decision(
+            caps.listing(CONSISTENCY_CHECK),
+            what=f"consistency check: relisting {caps.resource} at resourceVersion unset "
+            f"(cursor {outcome.cursor})",
+            level=logging.INFO,
+            relist=CONSISTENCY_CHECK,
+        )
     rewatch = _rewatch(outcome.cursor, caps)
     if outcome.frames == 0 and outcome.lasted < VERY_SHORT_WATCH_SECONDS:
         what = (
@@ -409,6 +431,8 @@ def _after_failed_probe(state: _Probing, err: BaseException, caps: _Caps) -> _De
     if verdict in (_Verdict.KEEPS_CURSOR, _Verdict.INTERRUPTED):
         return _backoff(state, what, err)
     reason = _relist_reason(err) if verdict is _Verdict.CURSOR_DEAD else "probe failed"
+    if reason == TOO_LARGE:
+        what = _ahead_of_the_server(state.cursor, err, "cursor probe")
     return _backoff(caps.listing(reason), what, err, relist=reason)
 
 
@@ -425,6 +449,8 @@ def _after_failed_watch(state: _Watching, outcome: _Failed, caps: _Caps) -> _Dec
         idle = isinstance(err, KubernetesConnectionError) and err.idle
         return _Decision(rewatch, what=what, level=logging.INFO if idle else logging.WARNING)
     reason = _relist_reason(err)
+    if reason == TOO_LARGE:
+        what = _ahead_of_the_server(outcome.cursor, err, f"{caps.noun} watch")
     if isinstance(err, FrameDecodeError):
         what = (
             f"{caps.noun} watch frame unreadable after resourceVersion={outcome.cursor}: "
@@ -432,6 +458,18 @@ def _after_failed_watch(state: _Watching, outcome: _Failed, caps: _Caps) -> _Dec
             f"{caps.noun}={err.name or '?'}: {err.reason}"
         )
     return _backoff(caps.listing(reason), what, err, relist=reason)
+
+
+def _ahead_of_the_server(cursor: str, err: BaseException, what: str) -> str:
+    """The one line for a cursor the server says is ahead of its revision: the apiserver answers
+    504 "Timeout: Too large resource version: C, current: R" (cause ResourceVersionTooLarge,
+    v1.36.3 measured), as after etcd was restored from an older snapshot under it."""
+    current = _SERVER_REVISION.search(str(err))
+    revision = current.group(1) if current else "unknown"
+    return (
+        f"{what}: cursor resourceVersion={cursor} is ahead of the server's revision {revision} "
+        f"(its history went back: etcd restored from an older snapshot?): {one_line(err)}"
+    )
 
 
 def _rewatch(cursor: str, caps: _Caps) -> _Probing | _Watching:
@@ -475,7 +513,9 @@ class KubernetesReflector:
     ``retry_delay`` is the first backoff step; ``streaming_list`` lists by a streaming list when
     the API can (``StreamingListPodApi``, any ``ResourceApi``), else by LIST. ``name`` (default
     ``namespace/selector``) prefixes every log line. ``source_status()`` is the
-    ``status.StatusReporter`` capability.
+    ``status.StatusReporter`` capability. ``consistency_check_period`` (seconds, off by default)
+    relists that often as a consistency check (invariant 7): it bounds what etcd restored from an
+    older snapshot under a running apiserver can leave wrong, at the cost of one LIST per period.
     """
 
     def __init__(
@@ -491,6 +531,7 @@ class KubernetesReflector:
         streaming_list: bool = False,
         api: ResourceApi | None = None,
         field_selector: str = "",
+        consistency_check_period: float | None = None,
     ) -> None:
         if (kube_client is None) == (api is None):
             raise TypeError("KubernetesReflector takes one of kube_client= (pods) or api=")
@@ -526,6 +567,12 @@ class KubernetesReflector:
             backoff_schedule(initial=positive_finite("retry_delay", retry_delay))
         )
         self._progress = _Progress()
+        self._check_period = (
+            None
+            if consistency_check_period is None
+            else positive_finite("consistency_check_period", consistency_check_period)
+        )
+        self._check_at = float("inf")
 
     def _bind(self, kube_client: KubernetesPodApi | None, api: ResourceApi | None) -> None:
         """The requests this reflector makes, bound once: a pod API's methods or a resource's."""
@@ -618,6 +665,8 @@ class KubernetesReflector:
             state, outcome, self._caps, self._pacing, now=self._clock.time(), draw=random.random()
         )
         self._pacing = step.pacing
+        if isinstance(outcome, _Listed) and self._check_period is not None:
+            self._check_at = self._clock.time() + self._check_period
         p = self._progress
         if step.error is not None:
             p.update(last_error=step.error, last_error_at=self._clock.time())
@@ -653,16 +702,16 @@ class KubernetesReflector:
 
     def _act(self, state: _State) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         if isinstance(state, _Listing):
-            return self._list()
+            return self._list(check=state.relist_reason == CONSISTENCY_CHECK)
         if isinstance(state, _StreamListing):
-            return self._stream_list()
+            return self._stream_list(check=state.relist_reason == CONSISTENCY_CHECK)
         if isinstance(state, _Probing):
             return self._probe(state.cursor)
         if isinstance(state, _Watching):
             return self._watch(state)
         return self._wait(state.delay)
 
-    async def _list(self) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+    async def _list(self, *, check: bool) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         self._progress.update(lists=self._progress.status.lists + 1)
         try:
             if self._paged is not None:
@@ -676,12 +725,12 @@ class KubernetesReflector:
             yield _Failed(err)
             return
         if self._keyed_by_namespace:
-            yield ReplaceEvent({self._key(obj): obj for obj in page.objects})
+            yield ReplaceEvent({self._key(obj): obj for obj in page.objects}, check)
         else:
-            yield ReplaceEvent({obj.metadata.name: obj for obj in page.objects})
+            yield ReplaceEvent({obj.metadata.name: obj for obj in page.objects}, check)
         yield _Listed(page.resource_version)
 
-    async def _stream_list(self) -> AsyncGenerator[SourceEvent | _Outcome, None]:
+    async def _stream_list(self, *, check: bool) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         assert self._open_stream_list is not None
         self._progress.update(lists=self._progress.status.lists + 1)
         started = self._clock.time()
@@ -702,7 +751,7 @@ class KubernetesReflector:
                 cursor = frame.resource_version or cursor
                 if pod is None:
                     if frame.initial_events_end:
-                        yield ReplaceEvent(pods)
+                        yield ReplaceEvent(pods, check)
                         handed_over = True
                         yield _Listed(cursor, stream)
                         return
@@ -745,7 +794,7 @@ class KubernetesReflector:
             watch_restarts=p.status.watch_restarts + state.restart,
         )
         if stream is None:
-            stream = self._open_stream(state.cursor, self._watch_timeout_seconds)
+            stream = self._open_stream(state.cursor, self._watch_timeout(started))
         p.watch_opened_at = started
         cursor, frames = state.cursor, 0
         by_namespace = self._keyed_by_namespace
@@ -773,12 +822,21 @@ class KubernetesReflector:
                 else:
                     yield UpsertEvent(key, pod)
             else:
-                outcome = _Closed(cursor, frames, clock.time() - started)
+                ended = clock.time()
+                outcome = _Closed(cursor, frames, ended - started, ended >= self._check_at)
         except Exception as err:
             outcome = _Failed(err, cursor, frames, clock.time() - started)
         finally:
             await _close(stream)
         yield outcome
+
+    def _watch_timeout(self, now: float) -> int:
+        """The watch's ``timeoutSeconds``: ``watch_timeout_seconds``, cut short so that the watch
+        closes when the consistency check falls due (whole seconds, at least one)."""
+        if self._check_at == float("inf"):
+            return self._watch_timeout_seconds
+        due = max(1, math.ceil(self._check_at - now))
+        return min(self._watch_timeout_seconds, due)
 
     async def _wait(self, delay: float) -> AsyncGenerator[SourceEvent | _Outcome, None]:
         await self._clock.sleep(delay)

@@ -65,7 +65,7 @@ class ObjectStore:
         if isinstance(event, DeleteEvent):
             return self._delete(event.key, event.last_obj)
         if isinstance(event, ReplaceEvent):
-            return self._replace(event.objects)
+            return self._check(event.objects) if event.check else self._replace(event.objects)
         raise TypeError(f"not a source event: {type(event).__name__}")
 
     def get(self, key: ObjectKey) -> Any | None:
@@ -177,6 +177,38 @@ class ObjectStore:
         self.replaces += 1
         return affected.keys()
 
+    def _check(self, objects: Mapping[ObjectKey, Any]) -> Affected:
+        """A consistency check's listing: compared with the store by uid and resourceVersion, and
+        only the difference applied, with one warning naming its counts; nothing when equal, so
+        a check wakes no parent of a store that was right."""
+        ghosts = [key for key in self._parent_of if key not in objects]
+        missing: list[ObjectKey] = []
+        stale: list[ObjectKey] = []
+        for key, obj in objects.items():
+            held = self.get(key)
+            if held is None:
+                if key not in self._unmappable and self._parent_for(key, obj) is not None:
+                    missing.append(key)
+            elif _version(held) != _version(obj):
+                stale.append(key)
+        if not (ghosts or missing or stale):
+            return _NONE
+        self._log.warning(
+            "consistency check: the store differed from a fresh LIST: %d ghosts (e.g. %s), "
+            "%d missing (e.g. %s), %d stale; applying the LIST's",
+            len(ghosts),
+            ghosts[:3],
+            len(missing),
+            missing[:3],
+            len(stale),
+        )
+        affected: dict[ParentKey, None] = {}
+        for key in ghosts:
+            affected.update(dict.fromkeys(self._delete(key, self.get(key))))
+        for key in missing + stale:
+            affected.update(dict.fromkeys(self._upsert(key, objects[key])))
+        return affected.keys()
+
     def _parent_for(self, key: ObjectKey, obj: Any) -> _Parents | None:
         """The one parent resolution: ``key_map``'s answer checked, the object's own key without
         one; a raise or an answer neither a ``str`` nor a collection of them is logged once and
@@ -256,3 +288,9 @@ def _normalized(keys: list[ParentKey]) -> _Parents | None:
     if not keys:
         return None
     return keys[0] if len(keys) == 1 else tuple(keys)
+
+
+def _version(obj: Any) -> tuple[Any, Any]:
+    """An object's uid and resourceVersion, what a consistency check compares."""
+    meta = getattr(obj, "metadata", None)
+    return getattr(meta, "uid", None), getattr(meta, "resource_version", None)

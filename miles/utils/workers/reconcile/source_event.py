@@ -31,9 +31,13 @@ class ReplaceEvent:
     """The whole world as of one consistent listing: ``Store.Replace`` / ``ReplacedAll``.
 
     Keys absent from ``objects`` are gone; the store synthesizes their deletions.
+    ``check``: the listing is a consistency check (``KubernetesReflector``'s
+    ``consistency_check_period``): a store that can compares it by uid and resourceVersion and
+    applies only the difference; replacing the whole world is also correct.
     """
 
     objects: Mapping[ObjectKey, Any]
+    check: bool = False
 
 
 SourceEvent = UpsertEvent | DeleteEvent | ReplaceEvent

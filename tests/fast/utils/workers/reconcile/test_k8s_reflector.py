@@ -183,6 +183,46 @@ async def test_clean_close_probes_then_rewatches_from_the_cursor_without_relisti
         assert len(run.replaces()) == 1
 
 
+async def test_the_opt_in_consistency_check_closes_the_watch_when_due_and_relists_at_once() -> None:
+    """Beyond client-go (record row "consistency check"): with ``consistency_check_period`` each
+    watch asks the server to close it by the time the check falls due; that close relists at once
+    (no probe), and the LIST's ``ReplaceEvent`` drops the ghost the watch never heard deleted and
+    carries the pod it never heard created, as after etcd was restored under the apiserver."""
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("10", "a", "ghost"), page("40", "a", "missed")],
+        watches=[[added("b", "11"), hold(clock, 10.0)], [hold(clock, 20.0)]],
+    )
+    reflector = reflector_over(api, clock, consistency_check_period=30.0)
+    run = Consumer(reflector.watch())
+    try:
+        await clock.advance(10.0)
+        assert [(c.resource_version, c.timeout_seconds) for c in api.watch_calls] == [
+            ("10", 30),
+            ("11", 20),
+        ]
+        assert len(api.list_calls) == 1
+        await clock.advance(20.0)
+        assert len(api.list_calls) == 2
+        assert [p.resource_version for p in api.probe_calls] == ["11"], "no probe before a check"
+        assert sorted(run.replaces()[-1].objects) == ["a", "missed"]
+        last = api.watch_calls[-1]
+        assert (last.resource_version, last.timeout_seconds) == ("40", 30)
+        assert reflector.source_status().relists == {"consistency check": 1}
+    finally:
+        run.task.cancel()
+        await asyncio.gather(run.task, return_exceptions=True)
+
+
+async def test_without_the_consistency_check_a_watch_keeps_its_timeout_and_never_relists() -> None:
+    clock = FakeClock()
+    api = FakePodApi(lists=[page("10", "a")], watches=[[hold(clock, 120.0)]])
+    async with running(api, clock):
+        await clock.advance(120.0)
+        assert [c.timeout_seconds for c in api.watch_calls] == [120, 120]
+        assert len(api.list_calls) == 1
+
+
 async def test_bookmark_advances_cursor_and_emits_nothing() -> None:
     api = FakePodApi(lists=[page("10")], watches=[[bookmark("50")]])
     async with running(api, FakeClock()) as run:

@@ -19,6 +19,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     KubernetesConnectionError,
 )
 from miles.utils.workers.reconcile.k8s_reflector import (
+    CONSISTENCY_CHECK,
     RETRY_AFTER_RETRIES,
     WatchErrorFrame,
     _Accepted,
@@ -101,6 +102,8 @@ PROBE7 = _Probing("7")
 UNREACHABLE = _Listing("server was unreachable")
 EXPIRED = _Listing("cursor expired")
 TOO_LARGE = _Listing("cursor too large")
+CHECK = _Listing(CONSISTENCY_CHECK)
+ROLLED_BACK = "Timeout: Too large resource version: 219, current: 214"
 
 ROWS: list[tuple[str, _State, _Outcome, _Caps, _State]] = [
     # LIST / streaming list
@@ -156,6 +159,17 @@ ROWS: list[tuple[str, _State, _Outcome, _Caps, _State]] = [
     ("closed after 1 s silent", WATCH7, _Closed("7", 0, 5.0), PROBES, PROBE7),
     ("very short watch", WATCH7, _Closed("7", 0, 0.5), PROBES, later(PROBE7)),
     ("very short, contract", WATCH7, _Closed("7", 0, 0.5), CONTRACT, later(REWATCH7)),
+    # watch closed with the opt-in consistency check due: relist at once, no probe
+    ("check due -> relist", WATCH7, _Closed("9", 2, 5.0, True), PROBES, CHECK),
+    ("check due, silent -> relist", WATCH7, _Closed("7", 0, 0.5, True), PROBES, CHECK),
+    ("check due, contract", WATCH7, _Closed("9", 2, 5.0, True), CONTRACT, CHECK),
+    (
+        "check due, streams",
+        WATCH7,
+        _Closed("9", 2, 5.0, True),
+        STREAMS,
+        _StreamListing(CONSISTENCY_CHECK),
+    ),
     # watch failed, the cursor kept
     ("watch 429", WATCH7, failed(api(429)), PROBES, later(PROBE7)),
     ("watch 429 frame", WATCH7, failed(error_frame(429)), PROBES, later(PROBE7)),
@@ -212,6 +226,30 @@ def test_every_failure_is_reported_and_a_relist_counted_by_its_reason() -> None:
     assert "resourceVersion=7" in s.what
     quiet = step(_Watching("7"), _Closed("9", 2, 0.1))
     assert (quiet.what, quiet.error, quiet.relist) == (None, None, None)
+
+
+def test_a_cursor_ahead_of_the_server_relists_after_one_step_with_one_line_naming_both() -> None:
+    """The apiserver's answer to a cursor beyond its revision (etcd restored from an older
+    snapshot), as v1.36.3 sends it to a LIST or a watch from that cursor."""
+    too_large = api(504, "Timeout", message=ROLLED_BACK)
+    for state, outcome in (
+        (_Probing("219"), _Failed(too_large, "219")),
+        (_Watching("219"), _Failed(too_large, "219")),
+        (_Watching("219"), _Failed(error_frame(504, ROLLED_BACK), "219", 1)),
+    ):
+        s = step(state, outcome)
+        assert s.state == later(TOO_LARGE)
+        assert (s.relist, s.level) == ("cursor too large", logging.WARNING)
+        assert s.what is not None
+        assert "cursor resourceVersion=219 is ahead of the server's revision 214" in s.what
+
+
+def test_a_due_consistency_check_is_counted_and_logged_once_at_info() -> None:
+    s = step(_Watching("7"), _Closed("9", 2, 5.0, True))
+    assert (s.relist, s.level, s.error) == (CONSISTENCY_CHECK, logging.INFO, None)
+    assert s.what is not None
+    assert "cursor 9" in s.what
+    assert step(_Watching("7"), _Closed("9", 2, 5.0)).relist is None
 
 
 def test_an_unreadable_frame_is_an_error_line_and_an_idle_re_watch_an_info_line() -> None:

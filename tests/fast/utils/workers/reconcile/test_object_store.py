@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from miles.utils.k8s_testenv.testing.k8s_fakes import pod as k8s_pod
 from miles.utils.workers.reconcile.object_store import ObjectStore
 from miles.utils.workers.reconcile.source_event import DeleteEvent, ReplaceEvent, UpsertEvent
 from tests.fast.utils.workers.reconcile.fakes import Pod, delete, parent_of, replace, upsert
@@ -293,3 +294,31 @@ def test_handle_event_still_answers_as_a_set_for_callers_of_the_contract() -> No
     assert set(affected) - {"cell-0"} == {"cell-1"}
     assert list(affected) == ["cell-1", "cell-0"]
     assert store.handle_event(delete(Pod("nobody", None))) == set()
+
+
+def test_a_consistency_check_applies_only_the_difference_with_one_warning_of_its_counts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Row "consistency check": a check's listing equal to the store by uid and resourceVersion
+    wakes no parent and logs nothing; one that differs (a ghost the watch never heard deleted, a
+    pod it never heard created, a stale copy) applies only those, with one warning naming the
+    counts, and wakes only their parents."""
+    store = ObjectStore(key_map=None)
+    kept, ghost, old = k8s_pod("kept", "a"), k8s_pod("ghost", "b"), k8s_pod("old", "c")
+    store.handle_event(ReplaceEvent({p.metadata.name: p for p in (kept, ghost, old)}))
+    caplog.set_level(logging.WARNING)
+    same = {p.metadata.name: p for p in (kept, ghost, old)}
+    assert not store.handle_event(ReplaceEvent(same, check=True))
+    assert caplog.records == []
+    missed, fresh = k8s_pod("missed", "d"), k8s_pod("old", "c", resource_version="2000")
+    affected = store.handle_event(
+        ReplaceEvent({"kept": kept, "missed": missed, "old": fresh}, check=True)
+    )
+    assert set(affected) == {"ghost", "missed", "old"}
+    assert sorted(store.parent_keys()) == ["kept", "missed", "old"]
+    assert store.get("old") is fresh
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "1 ghosts (e.g. ['ghost'])" in line
+    assert "1 missing (e.g. ['missed'])" in line
+    assert "1 stale" in line
+    assert store.replaces == 1, "a check is not counted as a relist's replace"
