@@ -195,3 +195,49 @@ async def test_two_loops_share_one_watch_counted_by_the_apiserver(
     assert shared == {"LIST": 1, "WATCH": 1}
     assert apart == {"LIST": 2, "WATCH": 2}
     print(LAYER)
+
+
+async def test_across_namespaces_parents_are_keyed_namespace_slash_name(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str
+) -> None:
+    """Both sources watch every namespace: the pools are keyed ``namespace/name`` by the
+    reflector, the pods mapped to the same keys by ``owner_key_map``'s default."""
+    run = uuid.uuid4().hex[:8]
+    async with k8s_api_client("cached") as api:
+        await _install_crd(api, yaml.safe_load(CRD_MANIFEST.read_text()))
+        custom, core = client.CustomObjectsApi(api), _core(api)
+        args = (POOLS.group, POOLS.version, k8s_namespace, POOLS.plural)
+        pool = await custom.create_namespaced_custom_object(*args, _pool(f"p-{run}", 1, run=run))
+        await core.create_namespaced_pod(k8s_namespace, _owned(f"p-{run}-0", pool, run))
+        pools = KubernetesReflector(
+            api=KubernetesAsyncioResourceApi(api_client=api, resource=POOLS, model=EnginePool),
+            namespace="",
+            label_selector=f"run={run}",
+            name="pools",
+        )
+        pods = KubernetesReflector(
+            api=KubernetesAsyncioResourceApi(
+                api_client=api, resource=PODS, model=PartialObjectMetadata, metadata_only=True
+            ),
+            namespace="",
+            label_selector=f"{RUN_LABEL}={run}",
+        )
+        seen: list[tuple[ParentKey, list[str]]] = []
+
+        async def reconcile(parent: ParentKey) -> None:
+            members = loop.cache("pods").get_by_parent(parent)
+            seen.append((parent, [p.metadata.name for p in members]))
+
+        loop = ReconcileLoop(
+            sources=[
+                Watch(source=pools.watch),
+                Watch(source=pods.watch, key_map=owner_key_map(POOLS), name="pods"),
+            ],
+            reconcile=reconcile,
+        )
+        async with loop:
+            key = f"{k8s_namespace}/p-{run}"
+            await eventually(lambda: bool(seen), what="the pool reconciled")
+            assert seen == [(key, [f"p-{run}-0"])]
+            assert loop.parent_keys() == {key}
+    print(LAYER)
