@@ -117,8 +117,9 @@ def _removal(finalizers: list[str], name: str) -> list[dict[str, Any]]:
 
 def _addition(finalizers: list[str] | None, name: str) -> list[dict[str, Any]]:
     if not finalizers:
-        # kube-rs tests an absent list as null; the apiserver omits an empty one, so it is absent.
-        test: dict[str, Any] = {"op": "test", "path": "/metadata/finalizers", "value": finalizers}
+        # kube-rs tests an absent list as null; the apiserver omits an empty one, so it is absent
+        # (a typed model reads it as [], which a test of [] against the absent list would fail).
+        test: dict[str, Any] = {"op": "test", "path": "/metadata/finalizers", "value": None}
         return [test, {"op": "add", "path": "/metadata/finalizers", "value": [name]}]
     return [
         {"op": "test", "path": "/metadata/finalizers", "value": finalizers},

@@ -41,6 +41,10 @@ from miles.utils.workers.reconcile.controllerutil import Finalizer, set_controll
 from miles.utils.workers.reconcile.examples.controller_process import (
     LeaderElectionConfig,
     ProcessConfig,
+    global_registry,
+    leader_elector,
+    main_of,
+    manager_of,
     quiet_failures,
 )
 from miles.utils.workers.reconcile.k8s_errors import (
@@ -49,10 +53,12 @@ from miles.utils.workers.reconcile.k8s_errors import (
     NotFoundError,
 )
 from miles.utils.workers.reconcile.k8s_objects import KubernetesModel, KubernetesObject
-from miles.utils.workers.reconcile.loop import Leadership
-from miles.utils.workers.reconcile.own_writes import DispatchGate
+from miles.utils.workers.reconcile.loop import Leadership, ReconcileLoop
+from miles.utils.workers.reconcile.own_writes import DispatchGate, OwnWrites
+from miles.utils.workers.reconcile.owner_key_map import owner_key_map
 from miles.utils.workers.reconcile.resource import PODS, Resource
 from miles.utils.workers.reconcile.source_event import ParentKey
+from miles.utils.workers.reconcile.watches import Watch
 
 logger = logging.getLogger("engine_pool")
 
@@ -389,14 +395,6 @@ class EnginePoolOperator:
             raise NotLeadingError(f"not leading: {what} was not written")
 
 
-def controller_name(pod: Pod) -> ParentKey | None:
-    """The name of ``pod``'s controlling EnginePool, the pods' key map (in one namespace)."""
-    for ref in pod.metadata.owner_references:
-        if ref.controller is True and ref.kind == ENGINE_POOLS.kind:
-            return ref.name
-    return None
-
-
 class AllGates:
     """Several ``DispatchGate``s as one: a parent waits for each, and is dispatched inside all."""
 
@@ -427,4 +425,115 @@ class EnginePoolConfig(ProcessConfig):
     leader_election: EnginePoolLeaderElection = Field(default_factory=EnginePoolLeaderElection)
 
 
+def engine_pool_loop(
+    operator: EnginePoolOperator,
+    *,
+    core_v1_api: Any,
+    namespace: str,
+    leadership: Leadership | None = None,
+    metrics: Any = None,
+    own_writes: Sequence[tuple[OwnWrites, Resource]] = (),
+) -> ReconcileLoop:
+    """The ``ReconcileLoop`` over the namespace's pools and the pods they own (mapped to their
+    pool by its controller reference, controller-runtime's ``Owns``). ``own_writes`` pairs a
+    read-your-writes tracker with the resource whose source it watches: each is awaited before a
+    pool is dispatched again."""
+    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioResourceApi
+    from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+
+    def reflector(resource: Resource, model: type[Any], selector: str = "") -> Any:
+        api = KubernetesAsyncioResourceApi.beside(core_v1_api, resource=resource, model=model)
+        source = KubernetesReflector(
+            api=api, namespace=namespace, label_selector=selector, name=resource.plural
+        ).watch
+        for tracker, tracked in own_writes:
+            if tracked == resource:
+                source = tracker.watching(source)
+        return source
+
+    async def reconcile(pool: ParentKey) -> None:
+        await operator.reconcile(
+            loop.cache("enginepools").get(pool), loop.cache("pods").get_by_parent(pool)
+        )
+
+    loop = ReconcileLoop(
+        sources=[
+            Watch(source=reflector(ENGINE_POOLS, EnginePool), name="enginepools"),
+            Watch(
+                source=reflector(PODS, Pod, POOL_LABEL),
+                key_map=owner_key_map(ENGINE_POOLS, key="name"),
+                name="pods",
+            ),
+        ],
+        reconcile=reconcile,
+        leadership=leadership,
+        metrics=metrics,
+        dispatch_gate=AllGates(*(tracker for tracker, _ in own_writes)) if own_writes else None,
+        name="engine-pool",
+    )
+    return loop
+
+
+async def run(config: EnginePoolConfig, kubeconfig: str | None, environ: Mapping[str, str]) -> int:
+    from miles.utils.workers.reconcile.client import Client
+    from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
+    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport, kube_session
+    from miles.utils.workers.reconcile.k8s_config import KubeTarget
+    from miles.utils.workers.reconcile.manager.manager import run_until_signalled
+
+    target = KubeTarget(kubeconfig=kubeconfig, namespace=config.namespace)
+    async with kube_session(target, environ) as session:
+        namespace = session.namespace
+        elector = leader_elector(
+            config.leader_election,
+            core_v1_api=session.core_v1_api,
+            namespace=namespace,
+            environ=environ,
+        )
+        transport = KubernetesAsyncioTransport.beside(session.core_v1_api)
+        pod_writes, pool_writes = OwnWrites(name="engine-pool"), OwnWrites(name="engine-pool")
+        observers = (pod_writes.observer(PODS), pool_writes.observer(ENGINE_POOLS))
+
+        def wrote(resource: Resource, version: str) -> None:
+            for observer in observers:
+                observer(resource, version)
+
+        client = Client(transport=transport, field_manager=EVENT_COMPONENT, on_write=wrote)
+        recorder = EventRecorder(
+            sink=ClientEventSink(Client(transport=transport)), component=EVENT_COMPONENT
+        )
+        operator = EnginePoolOperator(
+            client=client, recorder=recorder, namespace=namespace, leadership=elector
+        )
+        loop = engine_pool_loop(
+            operator,
+            core_v1_api=session.core_v1_api,
+            namespace=namespace,
+            leadership=elector,
+            metrics=global_registry() if config.metrics_enabled else None,
+            own_writes=((pod_writes, PODS), (pool_writes, ENGINE_POOLS)),
+        )
+        manager = manager_of(config, loops=[loop], elector=elector)
+        logger.info("operating EnginePools in namespace %s", namespace)
+        async with recorder:
+            return await run_until_signalled(manager)
+
+
 without_traceback = quiet_failures(NotLeadingError)
+"""A logging filter: the loop's line for a write refused because this process stopped leading
+carries no stack."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return main_of(
+        prog="engine_pool",
+        description=__doc__.split("\n")[0],
+        config=EnginePoolConfig,
+        run=run,
+        log_filter=without_traceback,
+        argv=argv,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -31,10 +31,10 @@ from miles.utils.workers.reconcile.examples.engine_pool import (
     EnginePoolConfig,
     EnginePoolOperator,
     NotLeadingError,
-    controller_name,
     ordinal_of,
 )
 from miles.utils.workers.reconcile.k8s_errors import api_error
+from miles.utils.workers.reconcile.owner_key_map import owner_key_map
 from miles.utils.workers.reconcile.resource import PODS, Resource
 
 NAMESPACE = "ns"
@@ -191,7 +191,8 @@ def _pool(replicas: int, *, finalizers: tuple[str, ...] = (FINALIZER,)) -> dict[
             "uid": "pool-uid",
             "generation": 1,
             "resourceVersion": "10",
-            "finalizers": list(finalizers),
+            # The apiserver omits an empty list.
+            **({"finalizers": list(finalizers)} if finalizers else {}),
         },
         "spec": {"replicas": replicas, "template": TEMPLATE},
     }
@@ -248,7 +249,7 @@ async def test_scale_up_creates_the_missing_ordinals_owned_by_the_pool_once() ->
         "controller": True,
         "blockOwnerDeletion": True,
     }
-    assert controller_name(Pod.model_validate(pod)) == "pool"
+    assert owner_key_map(ENGINE_POOLS, key="name")(Pod.model_validate(pod)) == "pool"
     assert h.events.reasons() == [CREATED_REASON] * 3
     assert "create Pod pool-2 in EnginePool pool successful" in h.events.recorded[2][3]
     # A stale cache (the pods not seen yet) creates nothing twice: AlreadyExists is the net.

@@ -117,6 +117,17 @@ async def test_an_absent_list_is_tested_as_absent() -> None:
     ]
 
 
+async def test_an_empty_list_read_from_a_typed_model_is_tested_as_absent() -> None:
+    """A typed model's ``finalizers`` reads ``[]`` where the apiserver sent none; a test of ``[]``
+    against the absent list fails (422), so it is tested as absent."""
+    api = _FakeApi(_pool())
+    typed = api.view()
+    typed["metadata"]["finalizers"] = []
+    await Finalizer(name=NAME, client=api, resource=POOLS).reconcile(typed, **_both(_Handlers()))
+    assert api.patches[0][0] == {"op": "test", "path": "/metadata/finalizers", "value": None}
+    assert api.obj["metadata"]["finalizers"] == [NAME]
+
+
 async def test_deletion_runs_cleanup_then_removes_only_this_finalizer() -> None:
     api, handlers = (
         _FakeApi(_pool("a.example.com/x", NAME, "b.example.com/y", deleting=True)),
