@@ -109,24 +109,11 @@ async def _watching(loops: list[Any]) -> None:
 
 
 async def _pod_reads(kubeconfig: Path) -> dict[str, int]:
+    from miles.utils.k8s_testenv.apiserver_metrics import apiserver_requests
     from miles.utils.k8s_testenv.client import api_client
 
     async with api_client(kubeconfig) as api:
-        response = await api.call_api(
-            "/metrics",
-            "GET",
-            auth_settings=["BearerToken"],
-            response_types_map={},
-            _preload_content=False,
-        )
-        text = (await response.read()).decode()
-    counts = {"LIST": 0, "WATCH": 0}
-    for line in text.splitlines():
-        if line.startswith("apiserver_request_total{") and 'resource="pods"' in line:
-            for verb in counts:
-                if f'verb="{verb}"' in line:
-                    counts[verb] += int(float(line.rsplit(" ", 1)[1]))
-    return counts
+        return await apiserver_requests(api, "pods", "LIST", "WATCH")
 
 
 def _child(case: str, kubeconfig: Path, namespace: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kubernetes_asyncio import client
 
+from miles.utils.k8s_testenv.apiserver_metrics import apiserver_metrics
 from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
@@ -59,29 +60,6 @@ async def eventually(
             detail = f"; {context()}" if context is not None else ""
             raise AssertionError(f"timed out after {within:.0f}s waiting for {what}{detail}")
         await asyncio.sleep(POLL_SECONDS)
-
-
-async def apiserver_metrics(api_client: Any) -> str:
-    """The apiserver's own ``/metrics`` text, read with the client's credentials."""
-    resp = await api_client.call_api(
-        "/metrics",
-        "GET",
-        auth_settings=["BearerToken"],
-        response_types_map={},
-        _preload_content=False,
-    )
-    return str((await resp.read()).decode())
-
-
-async def apiserver_requests(api_client: Any, resource: str, *verbs: str) -> dict[str, int]:
-    """The apiserver's own ``apiserver_request_total`` on ``resource``, summed for each verb."""
-    counts = dict.fromkeys(verbs, 0)
-    for line in (await apiserver_metrics(api_client)).splitlines():
-        if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line:
-            for verb in counts:
-                if f'verb="{verb}"' in line:
-                    counts[verb] += int(float(line.rsplit(" ", 1)[1]))
-    return counts
 
 
 async def open_namespaced_pod_watches(api_client: Any) -> int:

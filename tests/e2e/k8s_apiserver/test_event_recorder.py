@@ -19,10 +19,11 @@ import pytest
 from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv import ApiClientFactory
+from miles.utils.k8s_testenv.apiserver_metrics import apiserver_requests
 from miles.utils.workers.reconcile.client import Client
 from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport
-from tests.e2e.k8s_apiserver.harness import apiserver_requests, create_pod
+from tests.e2e.k8s_apiserver.harness import create_pod
 
 pytestmark = pytest.mark.k8s_apiserver
 

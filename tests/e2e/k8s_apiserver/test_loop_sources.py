@@ -22,6 +22,7 @@ from kubernetes_asyncio import client
 
 import miles.utils.k8s_testenv
 from miles.utils.k8s_testenv import ApiClientFactory
+from miles.utils.k8s_testenv.apiserver_metrics import apiserver_requests
 from miles.utils.workers.reconcile.informer import SharedInformerFactory
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioResourceApi
 from miles.utils.workers.reconcile.k8s_objects import PartialObjectMetadata
@@ -31,7 +32,7 @@ from miles.utils.workers.reconcile.owner_key_map import owner_key_map
 from miles.utils.workers.reconcile.resource import PODS, Resource
 from miles.utils.workers.reconcile.source_event import ParentKey, SourceWatchFn
 from miles.utils.workers.reconcile.watches import Watch
-from tests.e2e.k8s_apiserver.harness import apiserver_requests, eventually, pod_manifest
+from tests.e2e.k8s_apiserver.harness import eventually, pod_manifest
 from tests.e2e.k8s_apiserver.test_any_kind import EnginePool, _install_crd, _pool
 
 pytestmark = pytest.mark.k8s_apiserver
