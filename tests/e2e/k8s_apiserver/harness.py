@@ -28,7 +28,8 @@ from miles.utils.workers.reconcile.k8s_values import PodListPage
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 
 if TYPE_CHECKING:
-    from miles.utils.k8s_testenv import LocalControlPlane
+    from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
+    from miles.utils.k8s_testenv.control_plane import ApiServerName
     from miles.utils.workers.reconcile.metrics import MetricsTarget
 
 CELL_LABEL = "miles.test/cell"
@@ -216,6 +217,29 @@ class Cells:
             metrics=metrics,
         )
         async with cells._loop:
+            yield cells
+
+    @classmethod
+    @asynccontextmanager
+    async def on(
+        cls,
+        k8s_api_client: ApiClientFactory,
+        apiserver: ApiServerName,
+        *,
+        namespace: str,
+        watch_timeout_seconds: int = 60,
+        metrics: MetricsTarget | None = None,
+    ) -> AsyncIterator[Cells]:
+        """``running`` on a client of the plane's ``apiserver``, opened for it and closed after."""
+        async with (
+            k8s_api_client(apiserver) as api,
+            cls.running(
+                core_v1=client.CoreV1Api(api),
+                namespace=namespace,
+                watch_timeout_seconds=watch_timeout_seconds,
+                metrics=metrics,
+            ) as cells,
+        ):
             yield cells
 
     @property

@@ -29,10 +29,7 @@ pytestmark = pytest.mark.k8s_apiserver
 
 @asynccontextmanager
 async def _cells(k8s_api_client: ApiClientFactory, namespace: str) -> AsyncIterator[Cells]:
-    async with (
-        k8s_api_client("cached") as api,
-        Cells.running(core_v1=client.CoreV1Api(api), namespace=namespace) as cells,
-    ):
+    async with Cells.on(k8s_api_client, "cached", namespace=namespace) as cells:
         yield cells
         await cells.assert_consistent()
 

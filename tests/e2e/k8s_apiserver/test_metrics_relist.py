@@ -26,10 +26,10 @@ async def test_metrics_after_a_real_410_relist(
     registry = CollectorRegistry()
     plane, namespace = k8s_local_control_plane, k8s_namespace
     async with (
-        k8s_api_client("uncached") as api,
         k8s_api_client("cached") as other,
-        Cells.running(
-            core_v1=client.CoreV1Api(api),
+        Cells.on(
+            k8s_api_client,
+            "uncached",
             namespace=namespace,
             metrics=registry,
             watch_timeout_seconds=WATCH_TIMEOUT,

@@ -47,14 +47,12 @@ async def test_real_watch_timeout_rewatches_from_the_cursor_without_relisting(
     still arrives. Each closed watch, with frames or without, was followed by exactly one cursor
     probe (a one-item LIST from the cursor the next watch opened from), which the server accepted
     (the last watch may have been stopped before its probe went out)."""
-    async with (
-        k8s_api_client("cached") as api,
-        Cells.running(
-            core_v1=client.CoreV1Api(api),
-            namespace=k8s_namespace,
-            watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
-        ) as cells,
-    ):
+    async with Cells.on(
+        k8s_api_client,
+        "cached",
+        namespace=k8s_namespace,
+        watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
+    ) as cells:
         await cells.seed("a", "a-0")
         await eventually(
             lambda: sum(w.ended_at is not None for w in cells.api.watches) >= 3,
@@ -97,10 +95,10 @@ async def _compaction_scenario(
     stays up, the probe accepts the stale cursor, and the re-watch from it meets a real 410."""
     uncached = plane.apiserver("uncached")
     async with (
-        k8s_api_client("uncached") as api,
         k8s_api_client("cached") as other,
-        Cells.running(
-            core_v1=client.CoreV1Api(api),
+        Cells.on(
+            k8s_api_client,
+            "uncached",
             namespace=namespace,
             watch_timeout_seconds=SERVER_WATCH_TIMEOUT,
         ) as cells,
@@ -305,10 +303,7 @@ async def test_loop_reconverges_after_an_apiserver_restart(
     """The watch breaks when the cached apiserver stops; the reflector retries until it is back
     and the loop then follows a creation and a deletion made after the restart, with at most one
     relist (a restarted watch cache may no longer hold the cursor)."""
-    async with (
-        k8s_api_client("cached") as api,
-        Cells.running(core_v1=client.CoreV1Api(api), namespace=k8s_namespace) as cells,
-    ):
+    async with Cells.on(k8s_api_client, "cached", namespace=k8s_namespace) as cells:
         await cells.seed("a", "a-0", "a-1")
         watches_before = len(cells.api.watches)
 
