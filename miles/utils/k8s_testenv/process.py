@@ -27,6 +27,16 @@ def log_tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join("    " + line for line in text.splitlines()[-lines:])
 
 
+def exit_failure(
+    process: asyncio.subprocess.Process | None, who: str, tail: Callable[[], str]
+) -> str | None:
+    """Why ``process`` is not running: ``who`` exited with its code, then ``tail()`` (its log);
+    None before it started and while it runs."""
+    if process is None or process.returncode is None:
+        return None
+    return f"{who} exited with code {process.returncode}\n{tail()}"
+
+
 def stop_process_group(pid: int, *, grace: float = 10.0) -> None:
     """SIGTERM to the group led by `pid`, then SIGKILL once `grace` seconds have passed."""
     with contextlib.suppress(ProcessLookupError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from miles.utils.k8s_testenv.process import spawn_piped
+from miles.utils.k8s_testenv.process import exit_failure, spawn_piped
 
 _EXIT_GRACE = 5.0
 ORACLE_USER_AGENT = "oracle/"
@@ -154,10 +154,7 @@ class OracleProcess:
 
     def failure(self) -> str | None:
         """Why the oracle is not running (exit code and log tail), or None while it runs."""
-        process = self._process
-        if process is None or process.returncode is None:
-            return None
-        return f"client-go oracle exited with code {process.returncode}\n{self._log_tail()}"
+        return exit_failure(self._process, "client-go oracle", self._log_tail)
 
     async def snapshot(self) -> OracleSnapshot:
         process = self._process

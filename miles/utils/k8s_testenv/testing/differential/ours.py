@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from miles.utils.k8s_testenv.client import api_client
-from miles.utils.k8s_testenv.process import spawn_piped
+from miles.utils.k8s_testenv.process import exit_failure, spawn_piped
 from miles.utils.k8s_testenv.testing.differential.oracle_client import end_process_group, log_tail
 from miles.utils.k8s_testenv.testing.differential.views import PodRow, status_of_pod
 from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
@@ -299,10 +299,7 @@ class OurLoopProcess:
         await self.aclose()
 
     def failure(self) -> str | None:
-        process = self._process
-        if process is None or process.returncode is None:
-            return None
-        return f"our loop's process exited with code {process.returncode}\n{self._log_tail()}"
+        return exit_failure(self._process, "our loop's process", self._log_tail)
 
     async def views(self) -> OurViews:
         answer = await self._ask({"op": "views"})
