@@ -25,6 +25,7 @@ from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.harness import DifferentialHarness
 from miles.utils.k8s_testenv.testing.differential.lifecycle import logs_to
 from miles.utils.k8s_testenv.testing.differential.oracle_client import process_gone
+from miles.utils.k8s_testenv.testing.differential.pool_writer import PoolOp
 from miles.utils.k8s_testenv.testing.differential.scenario import (
     KUBELET_CHURN,
     FaultKind,
@@ -83,7 +84,10 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
     watch_list: bool,
 ) -> None:
     """Every operation and fault of the plan, then a checkpoint: our store equals a fresh LIST
-    (minus the parent-less pods our store evicts by design) and so does client-go's, and the
+    (minus the parent-less pods our store evicts by design) and so does client-go's, for pods and
+    for engine pools (a custom resource: ours a second source of the same loop decoding
+    `DynamicObject`, client-go's dynamic informer in a second oracle), written beside every pod
+    operation (spec, status subresource, parent and selector label moves, deletes), and the
     compaction fault is a real 410 that makes both relist. Run with both clients listing by LIST,
     and with both streaming their lists (client-go's WatchListClient, its default since v0.35, and
     our `streaming_list`); the proxy's log shows which protocol each spoke. On the real node the
@@ -100,10 +104,14 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
             finally:
                 _to_terminal(harness.stats.report())
             oracle_pid = harness.oracle.pid
+            pool_oracle = harness.pool_oracle
+            pool_oracle_pid = None if pool_oracle is None else pool_oracle.pid
             assert _streamed_its_lists(harness, "oracle/") is watch_list
             assert _streamed_its_lists(harness, "OpenAPI-Generator/") is watch_list
     assert stats.divergences == 0
     assert stats.checkpoints >= len(plan) - len(stats.skipped)
+    assert stats.pool_checkpoints == stats.checkpoints
+    assert {PoolOp.CREATE, PoolOp.SPEC, PoolOp.STATUS, PoolOp.DELETE} <= set(stats.pool_ops)
     injected = set(stats.faults)
     for fault in FaultKind:
         assert fault in injected or fault.value in stats.skipped, f"{fault} neither ran nor skipped"
@@ -121,6 +129,8 @@ async def test_seeded_scenario_agrees_with_client_go_after_every_step(
         assert stats.oracle_relists[FaultKind.COMPACT_410] >= 1
     assert oracle_pid is not None
     assert process_gone(oracle_pid)
+    assert pool_oracle_pid is not None
+    assert process_gone(pool_oracle_pid)
 
 
 async def test_oracle_dying_mid_run_aborts_the_comparison_naming_its_exit_code(

@@ -45,13 +45,35 @@ def test_our_store_holding_a_parent_less_pod_is_a_divergence() -> None:
     assert not comparison.ours_matches
 
 
+def test_an_engine_pool_client_go_holds_stale_fails_the_comparison_naming_the_kind() -> None:
+    pods = {"a": A}
+    pool = PodRow(uid="uid-p-000000", resource_version="20", parent="cell-0", status="replicas=2")
+    stale = PodRow(uid=pool.uid, resource_version="19", parent="cell-0")
+    agreed = Comparison(
+        truth={"pool-1": pool},
+        ours={"pool-1": pool},
+        oracle={"pool-1": dataclasses.replace(pool, status=None)},
+        reconciled={"pool-1": pool},
+    )
+    whole = Comparison(truth=pods, ours=pods, oracle=pods, reconciled=pods, pools=agreed)
+    assert whole.all_match
+    pools = dataclasses.replace(agreed, oracle={"pool-1": stale})
+    comparison = dataclasses.replace(whole, pools=pools)
+    assert not comparison.all_match
+    assert not comparison.oracle_matches
+    assert comparison.ours_matches
+    assert comparison.kinds_differing() == ["enginepools"]
+    assert "engine pools:" in comparison.describe()
+    assert "!uid-p-00 rv=19" in comparison.describe()
+
+
 def test_a_stale_resource_version_is_shown_with_the_view_that_has_it() -> None:
     stale = PodRow(uid=B.uid, resource_version="9", parent=B.parent)
     truth = {"a": A, "b": B}
     comparison = Comparison(truth=truth, ours=truth, oracle={"a": A, "b": stale}, reconciled=truth)
     diff = comparison.describe()
     assert not comparison.all_match
-    assert "1 pod(s) differ" in diff
+    assert "1 object(s) differ" in diff
     assert "client-go      2 pods, 1 wrong" in diff
     line = next(line for line in diff.splitlines() if line.strip().startswith("b "))
     assert "!uid-b-00 rv=9" in line

@@ -12,9 +12,17 @@ import json
 import time
 
 from miles.utils.k8s_testenv.testing.differential.config import SELECTOR, HarnessConfig
+from miles.utils.k8s_testenv.testing.differential.engine_pools import (
+    ENGINE_POOLS,
+    pool_row_of_json,
+)
 from miles.utils.k8s_testenv.testing.differential.errors import DivergenceError, HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.lifecycle import Rig
-from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleError
+from miles.utils.k8s_testenv.testing.differential.oracle_client import (
+    OracleError,
+    OracleProcess,
+    OracleSnapshot,
+)
 from miles.utils.k8s_testenv.testing.differential.ours import OurLoopError, OurViews, parent_of
 from miles.utils.k8s_testenv.testing.differential.stats import Convergence, Stats
 from miles.utils.k8s_testenv.testing.differential.views import (
@@ -106,6 +114,8 @@ class Checkpoints:
                 self._fail(what, last, list_error)
             await asyncio.sleep(_POLL_INTERVAL)
         self._stats.checkpoints += 1
+        if last is not None and last.pools is not None:
+            self._stats.pool_checkpoints += 1
         await self._rig.ours.forget_recordings()
         if healed_at is None:
             return None
@@ -136,6 +146,7 @@ class Checkpoints:
                 f"last failure: {list_error or 'none recorded'}"
             )
         self._stats.divergences += 1
+        self._stats.divergences_by_kind.update(last.kinds_differing())
         raise DivergenceError(
             f"{what}: the views did not agree within {config.quiesce_timeout:.0f}s "
             f"(seed {config.seed}, namespace {self._rig.namespace})\n{last.describe()}"
@@ -143,21 +154,30 @@ class Checkpoints:
 
     async def _compare(self) -> Comparison:
         truth = await self._fresh_list()
+        pool_truth = await self._fresh_pool_list() if self._config.engine_pools else None
         ours = await self._our_views()
-        try:
-            snapshot = await self._rig.oracle.snapshot()
-        except OracleError as err:
-            raise HarnessAborted(f"the oracle cannot be read: {err}") from err
+        snapshot = await _read(self._rig.oracle)
         pid, lists = self._oracle_process
         if pid is not None and pid != self._rig.oracle.pid:
             self._oracle_lists_before += lists
         self._oracle_process = (self._rig.oracle.pid, snapshot.lists)
         self._oracle_lists = self._oracle_lists_before + snapshot.lists
-        oracle = view_of(
-            ((n, p.uid, p.resource_version, p.labels) for n, p in snapshot.pods.items()),
-            parent_of=parent_of,
+        pools = None
+        pool_oracle = self._rig.pool_oracle
+        if pool_truth is not None and pool_oracle is not None:
+            pools = Comparison(
+                truth=pool_truth,
+                ours=ours.pools or {},
+                oracle=_view_of_snapshot(await _read(pool_oracle)),
+                reconciled=ours.reconciled_pools or {},
+            )
+        return Comparison(
+            truth=truth,
+            ours=ours.store,
+            oracle=_view_of_snapshot(snapshot),
+            reconciled=ours.reconciled,
+            pools=pools,
         )
-        return Comparison(truth=truth, ours=ours.store, oracle=oracle, reconciled=ours.reconciled)
 
     async def _our_views(self) -> OurViews:
         try:
@@ -186,6 +206,43 @@ class Checkpoints:
         if status != 200:
             raise _ListFailed(f"fresh LIST answered HTTP {status}: {body}")
         return view_of_json(body["items"], parent_of=parent_of)
+
+    async def _fresh_pool_list(self) -> dict[str, PodRow]:
+        """A consistent LIST of the engine pools, as `_fresh_list` of the pods."""
+        pools = ENGINE_POOLS
+        try:
+            body = await self._rig.custom.list_namespaced_custom_object(
+                pools.group,
+                pools.version,
+                self._rig.namespace,
+                pools.plural,
+                label_selector=SELECTOR,
+                _request_timeout=10,
+            )
+        except Exception as err:
+            raise _ListFailed(
+                f"fresh LIST of engine pools failed: {type(err).__name__}: {err}"
+            ) from err
+        return {
+            item["metadata"]["name"]: pool_row_of_json(
+                item, parent_of(item["metadata"].get("labels") or {})
+            )
+            for item in body["items"]
+        }
+
+
+async def _read(oracle: OracleProcess) -> OracleSnapshot:
+    try:
+        return await oracle.snapshot()
+    except OracleError as err:
+        raise HarnessAborted(f"the oracle cannot be read: {err}") from err
+
+
+def _view_of_snapshot(snapshot: OracleSnapshot) -> dict[str, PodRow]:
+    return view_of(
+        ((n, p.uid, p.resource_version, p.labels) for n, p in snapshot.pods.items()),
+        parent_of=parent_of,
+    )
 
 
 def _held(since: float | None, now: float) -> bool:

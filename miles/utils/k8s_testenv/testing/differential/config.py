@@ -38,3 +38,6 @@ class HarnessConfig:
     oracle_watch_list: bool = False
     streaming_list: bool = False
     """Ours lists by a streaming list (`sendInitialEvents=true`), as client-go's WatchList does."""
+    engine_pools: bool = True
+    """Engine pools (a custom resource) written, watched and compared beside the pods: a second
+    source in our loop, client-go's dynamic informer in a second oracle."""

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from miles.utils.k8s_testenv import FaultUnsupportedError
 from miles.utils.k8s_testenv.http_fault_proxy import (
     PODS,
-    WATCH,
     Action,
     BlackHole,
     CorruptChunk,
@@ -46,6 +45,9 @@ from miles.utils.k8s_testenv.testing.differential.writer import Writer
 logger = logging.getLogger(__name__)
 
 _IN_FAULT_OPS = 3
+WATCHED = rf"{PODS}|/apis/miles\.io/v1alpha1/namespaces/[^/]+/enginepools$"
+"""The paths both clients list and watch: pods and engine pools (`engine_pools.ENGINE_POOLS`)."""
+WATCH = Match(watch=True, path=WATCHED)
 _FRAME_MET_WITHIN = 15.0
 """Seconds for each client's watch to carry the write's frame to the proxy (a watch being
 reopened replays it from the client's cursor)."""
@@ -114,7 +116,7 @@ class Faults:
             rejections = [Respond(410, in_band=True), Respond(410), Respond(504)]
             return WATCH, self.rng.choice(rejections)
         if fault is FaultKind.THROTTLED_429:
-            return Match(path=PODS), Respond(429, headers={"Retry-After": "2"})
+            return Match(path=WATCHED), Respond(429, headers={"Retry-After": "2"})
         return None
 
     async def _answer_requests(self, match: Match, answer: Respond) -> float:

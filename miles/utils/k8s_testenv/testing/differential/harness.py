@@ -52,6 +52,7 @@ from miles.utils.k8s_testenv.testing.differential.kubelet_churn import KubeletCh
 from miles.utils.k8s_testenv.testing.differential.lifecycle import OursFactory, Rig
 from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleProcess
 from miles.utils.k8s_testenv.testing.differential.ours import PARENT_LABEL, OurLoop
+from miles.utils.k8s_testenv.testing.differential.pool_writer import PoolWriter
 from miles.utils.k8s_testenv.testing.differential.scenario import FaultKind, OpKind, Step, soak_step
 from miles.utils.k8s_testenv.testing.differential.stats import Convergence, Stats
 from miles.utils.k8s_testenv.testing.differential.views import NamelessGhost
@@ -112,6 +113,11 @@ class DifferentialHarness:
         return self._rig.oracle
 
     @property
+    def pool_oracle(self) -> OracleProcess | None:
+        """client-go's dynamic informer over engine pools, where the run watches them."""
+        return self._rig.pool_oracle
+
+    @property
     def proxy(self) -> TcpProxy:
         return self._rig.proxy
 
@@ -151,6 +157,14 @@ class DifferentialHarness:
             churn_unavailable=self._real_node_unavailable,
             log=self._log,
         )
+        if self.config.engine_pools:
+            writer.pools = PoolWriter(
+                custom=rig.custom,
+                namespace=self.namespace,
+                parents=self.config.parents,
+                rng=random.Random(f"enginepools-{self.config.seed}"),
+                write=writer.write_retried,
+            )
         faults = Faults(
             rig=rig,
             writer=writer,

@@ -20,6 +20,10 @@ from miles.utils.k8s_testenv import ApiServerName, ControlPlane, api_client
 from miles.utils.k8s_testenv.http_fault_proxy import HttpFaultProxy
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
 from miles.utils.k8s_testenv.testing.differential.config import SELECTOR, HarnessConfig, LogFn
+from miles.utils.k8s_testenv.testing.differential.engine_pools import (
+    ORACLE_RESOURCE,
+    install_engine_pools,
+)
 from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleProcess
 from miles.utils.k8s_testenv.testing.differential.ours import OurLoopSettings, Ours
@@ -91,6 +95,8 @@ class Rig:
     _proxy: TcpProxy | None = field(default=None, init=False)
     _http_proxy: HttpFaultProxy | None = field(default=None, init=False)
     _oracle: OracleProcess | None = field(default=None, init=False)
+    _pool_oracle: OracleProcess | None = field(default=None, init=False)
+    _custom: Any = field(default=None, init=False)
     _ours: Ours | None = field(default=None, init=False)
 
     @property
@@ -102,6 +108,16 @@ class Rig:
     def apps(self) -> Any:
         """`AppsV1Api` on the writers' apiserver."""
         return _started(self._apps)
+
+    @property
+    def custom(self) -> Any:
+        """`CustomObjectsApi` on the writers' apiserver."""
+        return _started(self._custom)
+
+    @property
+    def pool_oracle(self) -> OracleProcess | None:
+        """client-go's dynamic informer over engine pools, where the harness watches them."""
+        return self._pool_oracle
 
     @property
     def proxy(self) -> TcpProxy:
@@ -126,8 +142,13 @@ class Rig:
     async def restart_oracle(self) -> None:
         """A new client-go process in place of the oracle, as the etcd restore procedure restarts
         every client-go component: a reflector cannot see a rollback its cursor has passed."""
-        await self.oracle.aclose()
-        await self.oracle.start()
+        for oracle in self._oracles():
+            await oracle.aclose()
+            await oracle.start()
+
+    def _oracles(self) -> list[OracleProcess]:
+        pools = [] if self._pool_oracle is None else [self._pool_oracle]
+        return [self.oracle, *pools]
 
     def check_alive(self) -> None:
         """Raises `HarnessAborted` naming the first process that died."""
@@ -135,6 +156,10 @@ class Rig:
             ("the TCP proxy", self.proxy.failure()),
             ("the HTTP proxy", self.http_proxy.failure()),
             ("the oracle", self.oracle.failure()),
+            (
+                "the engine pools' oracle",
+                None if self._pool_oracle is None else self._pool_oracle.failure(),
+            ),
             ("our loop", self.ours.failure()),
         ):
             if problem is not None:
@@ -157,7 +182,13 @@ class Rig:
         writer_api = await stack.enter_async_context(api_client(self._writer_kubeconfig))
         self._core = client.CoreV1Api(writer_api)
         self._apps = client.AppsV1Api(writer_api)
+        self._custom = client.CustomObjectsApi(writer_api)
         await self._core.create_namespace({"metadata": {"name": self.namespace}})
+        if config.engine_pools:
+            async with api_client(self.target_kubeconfig) as target_api:
+                await install_engine_pools(
+                    writer_api=writer_api, target_api=target_api, namespace=self.namespace
+                )
         self._http_proxy = await stack.enter_async_context(
             HttpFaultProxy(
                 kubeconfig=self.target_kubeconfig,
@@ -183,6 +214,18 @@ class Rig:
                 watch_list=config.oracle_watch_list,
             )
         )
+        if config.engine_pools:
+            self._pool_oracle = await stack.enter_async_context(
+                OracleProcess(
+                    binary=self.oracle_binary,
+                    kubeconfig=proxied,
+                    namespace=self.namespace,
+                    selector=SELECTOR,
+                    log_path=self.work_dir / "oracle-enginepools.log",
+                    watch_list=config.oracle_watch_list,
+                    resource=ORACLE_RESOURCE,
+                )
+            )
         self._ours = await stack.enter_async_context(
             self.ours_factory(
                 OurLoopSettings(
@@ -191,6 +234,7 @@ class Rig:
                     selector=SELECTOR,
                     watch_timeout_seconds=config.watch_timeout_seconds,
                     streaming_list=config.streaming_list,
+                    engine_pools=config.engine_pools,
                 )
             )
         )
@@ -200,6 +244,7 @@ class Rig:
             "writes through the other one; "
             f"oracle WatchListClient={'on' if config.oracle_watch_list else 'off'}, "
             f"ours streaming list={'on' if config.streaming_list else 'off'}; "
+            f"engine pools {'watched too' if config.engine_pools else 'not watched'}; "
             f"logs in {self.work_dir}"
         )
 

@@ -104,7 +104,9 @@ def parse_snapshot(line: bytes) -> OracleSnapshot:
 
 
 class OracleProcess:
-    """`async with OracleProcess(...) as oracle: snap = await oracle.snapshot()`."""
+    """`async with OracleProcess(...) as oracle: snap = await oracle.snapshot()`; with
+    `resource` (GROUP/VERSION/RESOURCE) the oracle watches that resource as client-go's dynamic
+    informer does, and its snapshot's `pods` are that resource's objects."""
 
     def __init__(
         self,
@@ -115,6 +117,7 @@ class OracleProcess:
         selector: str,
         log_path: Path,
         watch_list: bool = False,
+        resource: str = "",
         read_timeout: float = 10.0,
         exit_grace: float = _EXIT_GRACE,
     ) -> None:
@@ -125,6 +128,7 @@ class OracleProcess:
             f"--namespace={namespace}",
             f"--selector={selector}",
             f"--watch-list={'true' if watch_list else 'false'}",
+            *([f"--resource={resource}"] if resource else []),
         ]
         self._read_timeout = read_timeout
         self._exit_grace = exit_grace

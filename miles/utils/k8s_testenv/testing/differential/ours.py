@@ -16,21 +16,29 @@ import os
 import sys
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from miles.utils.k8s_testenv.client import api_client
 from miles.utils.k8s_testenv.process import exit_failure, spawn_piped
+from miles.utils.k8s_testenv.testing.differential.engine_pools import ENGINE_POOLS, pool_row
 from miles.utils.k8s_testenv.testing.differential.oracle_client import end_process_group, log_tail
 from miles.utils.k8s_testenv.testing.differential.views import PodRow, status_of_pod
 from miles.utils.k8s_testenv.testing.pod_api_recorder import RecordingPodApi
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_api import (
+    KubernetesAsyncioPodApi,
+    KubernetesAsyncioResourceApi,
+)
+from miles.utils.workers.reconcile.k8s_objects import DynamicObject
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.watches import Watch
 
 PARENT_LABEL = "miles.diff/parent"
+POOLS_WATCH = "enginepools"
+"""The name of our loop's second watch, over engine pools, where the harness watches them."""
 RETRY_DELAY = 0.5
 """Our reflector's first backoff step is [RETRY_DELAY, 2 * RETRY_DELAY) (jitter 1.0)."""
 OURS_USER_AGENT = "OpenAPI-Generator/"
@@ -61,6 +69,9 @@ class OurLoopSettings:
     selector: str
     watch_timeout_seconds: int
     streaming_list: bool
+    engine_pools: bool = False
+    """A second source in the same loop: the engine pools of `namespace` under `selector`,
+    decoded as `DynamicObject`, keyed to the same parents."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,9 @@ class OurViews:
     store: dict[str, PodRow]
     reconciled: dict[str, PodRow]
     lists: int
+    pools: dict[str, PodRow] | None = None
+    """The engine pools' cache and what each parent's last reconcile read of it."""
+    reconciled_pools: dict[str, PodRow] | None = None
 
 
 class Ours(Protocol):
@@ -104,6 +118,7 @@ class OurLoop:
         self._api: RecordingPodApi | None = None
         self._loop: ReconcileLoop | None = None
         self._reconciled: dict[str, dict[str, PodRow]] = {}
+        self._reconciled_pools: dict[str, dict[str, PodRow]] = {}
         self._delay = 0.0
         self._raises = False
 
@@ -139,10 +154,32 @@ class OurLoop:
             retry_delay=RETRY_DELAY,
             streaming_list=settings.streaming_list,
         )
+
+        def key_map(obj: Any) -> str | None:
+            return parent_of(obj.metadata.labels)
+
+        pods = Watch(source=reflector.watch, key_map=key_map, name="pods")
+        sources = [pods]
+        if settings.engine_pools:
+            pools = KubernetesReflector(
+                api=KubernetesAsyncioResourceApi.beside(
+                    client.CoreV1Api(api),
+                    resource=ENGINE_POOLS,
+                    model=DynamicObject,
+                    connect_timeout=3.0,
+                    list_read_timeout=15.0,
+                    watch_read_margin=2.0,
+                ),
+                namespace=settings.namespace,
+                label_selector=settings.selector,
+                watch_timeout_seconds=settings.watch_timeout_seconds,
+                retry_delay=RETRY_DELAY,
+                streaming_list=settings.streaming_list,
+            )
+            sources.append(Watch(source=pools.watch, key_map=key_map, name=POOLS_WATCH))
         self._loop = ReconcileLoop(
-            source=reflector.watch,
+            sources=sources,
             reconcile=self._reconcile,
-            key_map=lambda pod: parent_of(pod.metadata.labels),
             failure_base_delay=0.2,
             failure_max_delay=2.0,
             source_retry_delay=0.5,
@@ -158,6 +195,11 @@ class OurLoop:
         self._reconciled[parent] = {
             pod.metadata.name: _row(pod, parent) for pod in self._loop.get_by_parent(parent)
         }
+        if self._settings.engine_pools:
+            self._reconciled_pools[parent] = {
+                pool.metadata.name: pool_row(pool, parent)
+                for pool in self._loop.cache(POOLS_WATCH).get_by_parent(parent)
+            }
 
     @property
     def stored_pods(self) -> int:
@@ -175,14 +217,18 @@ class OurLoop:
         for parent in self._loop.parent_keys():
             for pod in self._loop.get_by_parent(parent):
                 store[pod.metadata.name] = _row(pod, parent)
-        reconciled: dict[str, PodRow] = {}
-        for parent, members in sorted(self._reconciled.items()):
-            for name, row in members.items():
-                if name in reconciled:
-                    both = f"{reconciled[name].parent}+{parent}"
-                    row = PodRow(row.uid, row.resource_version, both)
-                reconciled[name] = row
-        return OurViews(store=store, reconciled=reconciled, lists=self._api.list_attempts)
+        views = OurViews(
+            store=store, reconciled=_merged(self._reconciled), lists=self._api.list_attempts
+        )
+        if not self._settings.engine_pools:
+            return views
+        cache = self._loop.cache(POOLS_WATCH)
+        pools = {
+            pool.metadata.name: pool_row(pool, parent)
+            for parent in cache.parent_keys()
+            for pool in cache.get_by_parent(parent)
+        }
+        return replace(views, pools=pools, reconciled_pools=_merged(self._reconciled_pools))
 
     async def reconcile_fault(self, *, delay: float, raises: bool) -> None:
         self._delay, self._raises = delay, raises
@@ -200,8 +246,27 @@ class OurLoop:
         return None
 
 
-def _rows(view: Mapping[str, PodRow]) -> list[list[str | None]]:
+def _merged(by_parent: Mapping[str, Mapping[str, PodRow]]) -> dict[str, PodRow]:
+    """What the last reconcile of each parent read, one row per object; one that two parents
+    read shows both, `a+b`, and so matches no store."""
+    reconciled: dict[str, PodRow] = {}
+    for parent, members in sorted(by_parent.items()):
+        for name, row in members.items():
+            if name in reconciled:
+                both = f"{reconciled[name].parent}+{parent}"
+                row = PodRow(row.uid, row.resource_version, both)
+            reconciled[name] = row
+    return reconciled
+
+
+def _rows(view: Mapping[str, PodRow] | None) -> list[list[str | None]] | None:
+    if view is None:
+        return None
     return [[name, r.uid, r.resource_version, r.parent, r.status] for name, r in view.items()]
+
+
+def _optional_view(rows: Any) -> dict[str, PodRow] | None:
+    return None if rows is None else _view(rows)
 
 
 def _view(rows: Any) -> dict[str, PodRow]:
@@ -221,6 +286,8 @@ async def serve(ours: Ours, reader: asyncio.StreamReader, out: TextIO) -> None:
                 "store": _rows(views.store),
                 "reconciled": _rows(views.reconciled),
                 "lists": views.lists,
+                "pools": _rows(views.pools),
+                "reconciled_pools": _rows(views.reconciled_pools),
             }
         elif op == "fault":
             delay, raises = float(request["delay"]), bool(request["raises"])
@@ -307,6 +374,8 @@ class OurLoopProcess:
             store=_view(answer["store"]),
             reconciled=_view(answer["reconciled"]),
             lists=int(answer["lists"]),
+            pools=_optional_view(answer.get("pools")),
+            reconciled_pools=_optional_view(answer.get("reconciled_pools")),
         )
 
     async def reconcile_fault(self, *, delay: float, raises: bool) -> None:

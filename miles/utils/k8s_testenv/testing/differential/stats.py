@@ -26,10 +26,16 @@ class Convergence:
 @dataclass
 class Stats:
     ops: Counter[str] = field(default_factory=Counter)
+    pool_ops: Counter[str] = field(default_factory=Counter)
+    """Engine pool operations (`pool_writer.PoolOp`), one with each pod operation."""
     faults: Counter[str] = field(default_factory=Counter)
     skipped: dict[str, str] = field(default_factory=dict)
     checkpoints: int = 0
     divergences: int = 0
+    divergences_by_kind: Counter[str] = field(default_factory=Counter)
+    """Which kind a divergence was in ("pods", "enginepools"; both when both differed)."""
+    pool_checkpoints: int = 0
+    """Checkpoints at which the engine pools' views were compared too."""
     our_lists: int = 0
     oracle_lists: int = 0
     our_relists: Counter[str] = field(default_factory=Counter)
@@ -50,8 +56,12 @@ class Stats:
             + ", ".join(f"{k}={v}" for k, v in sorted(self.ops.items())),
             f"faults injected:    {sum(self.faults.values())}  "
             + ", ".join(f"{k}={v}" for k, v in sorted(self.faults.items())),
-            f"checkpoints compared: {self.checkpoints}",
-            f"divergences: {self.divergences}",
+            f"engine pool operations: {sum(self.pool_ops.values())}  "
+            + ", ".join(f"{k}={v}" for k, v in sorted(self.pool_ops.items())),
+            f"checkpoints compared: {self.checkpoints} (engine pools compared at "
+            f"{self.pool_checkpoints})",
+            f"divergences: {self.divergences}"
+            + "".join(f", {k}={v}" for k, v in sorted(self.divergences_by_kind.items())),
             f"relists (LISTs after the initial one): ours {max(0, self.our_lists - 1)}, "
             f"client-go {max(0, self.oracle_lists - 1)}",
             "convergence after each fault kind: seconds from healed until the store equals a fresh"

@@ -12,6 +12,10 @@ consistent LIST is the truth:
   must equal the one read from the LIST's JSON;
 - what the last successful reconcile of each parent read must equal our store.
 
+With engine pools watched too, a comparison holds a second one for them (`pools`), whose views
+must equal what the pods' must (their status summary is `engine_pools.pool_summary`), and it
+matches only when both do.
+
 After a watch frame without a name, client-go's store is allowed one deviation, which Go's
 semantics predict exactly (`NamelessGhost`); it is reported, never counted as ours.
 """
@@ -139,24 +143,54 @@ class Comparison:
     ours: View
     oracle: View
     reconciled: View
+    pools: Comparison | None = None
+    """The same four views of the engine pools, where the harness watches them."""
 
     @property
     def ours_matches(self) -> bool:
-        return dict(self.ours) == ours_expected(self.truth)
+        return dict(self.ours) == ours_expected(self.truth) and (
+            self.pools is None or self.pools.ours_matches
+        )
 
     @property
     def oracle_matches(self) -> bool:
+        return self.pod_oracle_matches and (self.pools is None or self.pools.oracle_matches)
+
+    @property
+    def pod_oracle_matches(self) -> bool:
         return dict(self.oracle) == without_status(self.truth)
 
     @property
     def reconciled_matches(self) -> bool:
-        return dict(self.reconciled) == dict(self.ours)
+        return dict(self.reconciled) == dict(self.ours) and (
+            self.pools is None or self.pools.reconciled_matches
+        )
+
+    def kinds_differing(self) -> list[str]:
+        """Which kinds some view gets wrong: "pods", "enginepools"."""
+        kinds = [] if self._pods_match() else ["pods"]
+        if self.pools is not None and not self.pools.all_match:
+            kinds.append("enginepools")
+        return kinds
+
+    def _pods_match(self) -> bool:
+        return (
+            dict(self.ours) == ours_expected(self.truth)
+            and self.pod_oracle_matches
+            and dict(self.reconciled) == dict(self.ours)
+        )
 
     @property
     def all_match(self) -> bool:
         return self.ours_matches and self.oracle_matches and self.reconciled_matches
 
     def describe(self) -> str:
+        pods = self._describe_own()
+        if self.pools is None or self.pools.all_match:
+            return pods
+        return f"{pods}\nengine pools:\n{self.pools.describe()}"
+
+    def _describe_own(self) -> str:
         return render_diff(
             {
                 "fresh LIST": self.truth,
@@ -189,6 +223,8 @@ class NamelessGhost:
 
     def explain(self, comparison: Comparison) -> str | None:
         """How client-go's view is exactly this ghost and nothing else, or None if it is not."""
+        if comparison.pools is not None and not comparison.pools.all_match:
+            return None
         truth = without_status(comparison.truth)
         oracle = dict(comparison.oracle)
         ghost, now = oracle.pop(GHOST_NAME, None), truth.get(self.pod)
@@ -211,7 +247,7 @@ def render_diff(views: Mapping[str, View], *, expected: Mapping[str, View]) -> s
     names = sorted({name for view in (*views.values(), *expected.values()) for name in view})
     wrong = {label: _wrong_names(views[label], expected[label], names) for label in views}
     rows = sorted(set().union(*wrong.values()))
-    header = [f"{len(rows)} pod(s) differ; `!` marks a cell that differs from what it should be"]
+    header = [f"{len(rows)} object(s) differ; `!` marks a cell that differs from what it should be"]
     for label, view in views.items():
         verdict = "matches" if not wrong[label] else f"{len(wrong[label])} wrong"
         header.append(f"  {label:<11} {len(view):>4} pods, {verdict}")

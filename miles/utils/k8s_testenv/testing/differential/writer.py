@@ -21,6 +21,7 @@ from miles.utils.k8s_testenv.testing.differential.config import SELECT_LABEL, Ha
 from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.kubelet_churn import ChurnFailed, KubeletChurn
 from miles.utils.k8s_testenv.testing.differential.ours import PARENT_LABEL
+from miles.utils.k8s_testenv.testing.differential.pool_writer import PoolWriter
 from miles.utils.k8s_testenv.testing.differential.scenario import KUBELET_CHURN, OpKind
 from miles.utils.k8s_testenv.testing.differential.stats import Stats
 
@@ -82,12 +83,16 @@ class Writer:
     churn: KubeletChurn | None
     churn_unavailable: str
     log: LogFn
+    pools: PoolWriter | None = None
+    """Engine pools written beside the pods: one seeded pool operation with each pod operation."""
     _model: dict[str, _ModelPod] = field(default_factory=dict, init=False)
     _created: int = field(default=0, init=False)
     _generation: int = field(default=0, init=False)
 
     async def apply(self, op: OpKind, *, quiet: bool = False) -> None:
         applied = await self._operation(op)
+        if self.pools is not None:
+            self.stats.pool_ops.update(await self.pools.step())
         if applied is None:
             return
         if not quiet:
@@ -127,7 +132,7 @@ class Writer:
             PARENT_LABEL: pod.parent or "",
             GEN_LABEL: "0",
         }
-        await self._write(
+        await self.write_retried(
             "create",
             name,
             self.core.create_namespaced_pod,
@@ -184,6 +189,8 @@ class Writer:
             for item in body["items"]
             if item["metadata"]["name"].startswith(_NAME_PREFIX)
         }
+        if self.pools is not None:
+            await self.pools.reread()
 
     async def _operation(self, op: OpKind) -> int | None:
         rng = self.rng
@@ -257,7 +264,7 @@ class Writer:
         return size + len(touched) + len(moved) + len(doomed)
 
     async def _label_patch(self, name: str, labels: Mapping[str, str | None]) -> None:
-        await self._write(
+        await self.write_retried(
             "label patch",
             name,
             self.core.patch_namespaced_pod,
@@ -289,7 +296,7 @@ class Writer:
         await self._patch_condition(name, condition)
 
     async def _patch_condition(self, name: str, condition: dict[str, str]) -> None:
-        await self._write(
+        await self.write_retried(
             "status patch",
             name,
             self.core.patch_namespaced_pod_status,
@@ -302,7 +309,7 @@ class Writer:
     async def _delete(self, name: str, *, grace: int) -> None:
         if grace == 0:
             self._model.pop(name, None)
-        await self._write(
+        await self.write_retried(
             "delete",
             name,
             self.core.delete_namespaced_pod,
@@ -311,13 +318,14 @@ class Writer:
             grace_period_seconds=grace,
         )
 
-    async def _write(
+    async def write_retried(
         self, what: str, name: str, call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
     ) -> None:
         """One write, retried while the control plane recovers from a fault.
 
-        A retried create that finds the pod (409), or a retried delete that finds it gone (404),
-        had succeeded the first time; a patch of a pod that is gone is logged and skipped.
+        A retried create that finds the object (409), or a retried delete that finds it gone
+        (404), had succeeded the first time; a patch of an object that is gone is logged and
+        skipped.
         """
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -334,7 +342,7 @@ class Writer:
                 if err.status == 409 and what == "create" and attempt > 1:
                     return
                 if err.status == 404 and what != "create":
-                    logger.warning("differential: %s of %s found no pod, skipped", what, name)
+                    logger.warning("differential: %s of %s found nothing, skipped", what, name)
                     return
                 if err.status < 500 and err.status != 429:
                     raise
@@ -347,7 +355,7 @@ class Writer:
                 problem = err
             if time.monotonic() > deadline:
                 raise HarnessAborted(
-                    f"{what} of pod {name} kept failing for {_WRITE_RETRY_SECONDS:.0f}s: {problem}"
+                    f"{what} of {name} kept failing for {_WRITE_RETRY_SECONDS:.0f}s: {problem}"
                 ) from problem
             await asyncio.sleep(0.5)
 
