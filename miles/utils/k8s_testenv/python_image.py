@@ -19,6 +19,7 @@ prints the archive's path, the image's reference and digest, its size and the bu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -190,6 +191,33 @@ def image_spec(work: Path) -> ImageSpec:
             "HOME=/",
         ),
     )
+
+
+def source_key() -> str:
+    """What the image is built from, hashed: the interpreter, the pinned dependency versions and
+    every file of this package's source tree (two builds from equal keys are equal images)."""
+    digest = hashlib.sha256()
+    digest.update(f"{sys.version}\0{os.path.realpath(sys.executable)}\0".encode())
+    with tempfile.TemporaryDirectory(prefix="miles-image-key-") as work:
+        digest.update(_constraints(Path(work) / "constraints.txt").read_bytes())
+    root = _repository()
+    sources = [root / "pyproject.toml", *sorted((root / "miles").rglob("*"))]
+    for path in sources:
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(f"{path.relative_to(root)}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def cached_controller_image(folder: Path) -> Path:
+    """The image's OCI archive in ``folder``, built only when no archive of the same
+    ``source_key`` is there (the node tests of one run share one build)."""
+    archive = folder / f"controller-{source_key()[:16]}.tar"
+    if not archive.exists():
+        partial = archive.with_suffix(f".partial-{os.getpid()}")
+        build_controller_image(partial)
+        partial.replace(archive)
+    return archive
 
 
 def build_controller_image(archive: Path) -> str:

@@ -2,10 +2,10 @@
 kubelet, kube-scheduler and kube-controller-manager on this host) on a local control plane's cached
 apiserver. Needs root and the node's packages; skips (fails under MILES_K8S_REQUIRE) without them.
 
-The controller image is built here and imported into the node's containerd, the CRD is applied
-from ``k8s_testenv/crds`` and ``deploy/engine-pool.yaml`` as it is in the repository. A watch of
-the pool and a watch of its pods run from before the pool exists to the end, and every event is
-checked as it arrives:
+The controller image is imported into the node by the conftest's ``controller_node``, the CRD is
+applied from ``k8s_testenv/crds`` and ``deploy/engine-pool.yaml`` as it is in the repository. A
+watch of the pool and a watch of its pods run from before the pool exists to the end, and every
+event is checked as it arrives:
 
 - the pool's pods that are not terminating never outnumber ``spec.replicas`` (the larger of the
   old and the new value from the moment the test changes it until the pool has converged);
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,18 +36,10 @@ from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from miles.utils.k8s_testenv import (
-    BinaryPaths,
-    EnvSettings,
-    LocalControlPlane,
-    PrerequisiteError,
     RealNode,
     api_client,
-    ensure_node_binaries,
 )
-from miles.utils.k8s_testenv.host_state import HostSnapshot
 from miles.utils.k8s_testenv.kubelet import Probe, engine_container, eventually
-from miles.utils.k8s_testenv.python_image import build_controller_image
-from miles.utils.k8s_testenv.real_node import check_prerequisites
 from miles.utils.workers.reconcile.examples.engine_pool import (
     DRAINING_ANNOTATION,
     DRAINING_REASON,
@@ -65,27 +57,6 @@ LEASE = "engine-pool"
 POOL = "engines"
 APP = "app.kubernetes.io/name=engine-pool"
 SECONDS = 120.0
-
-
-@pytest.fixture(scope="module")
-def real_node(k8s_settings: EnvSettings, k8s_binaries: BinaryPaths) -> Iterator[RealNode]:
-    try:
-        check_prerequisites()
-        binaries = ensure_node_binaries(settings=k8s_settings)
-    except PrerequisiteError as error:
-        if k8s_settings.require:
-            pytest.fail(f"{error}\n(MILES_K8S_REQUIRE is on, so this fails instead of skipping)")
-        pytest.skip(str(error))
-    before = HostSnapshot.take()
-    with (
-        LocalControlPlane(binaries=k8s_binaries, settings=EnvSettings(), keep=False) as plane,
-        RealNode.on(plane, binaries=binaries) as node,
-    ):
-        archive = plane.work_dir / "controller.tar"
-        build_controller_image(archive)
-        node.import_image(archive)
-        yield node
-    assert before.differences() == []
 
 
 @dataclass
@@ -357,9 +328,9 @@ async def _draining_count(core: Any) -> int:
     )
 
 
-async def test_the_engine_pool_operator_on_the_real_node(real_node: RealNode) -> None:
+async def test_the_engine_pool_operator_on_the_real_node(controller_node: RealNode) -> None:
     started = time.monotonic()
-    async with asyncio.timeout(10 * SECONDS), deployed(real_node) as cluster:
+    async with asyncio.timeout(10 * SECONDS), deployed(controller_node) as cluster:
 
         async def two_ready() -> list[str] | None:
             ready = await cluster.ready_controllers()

@@ -3,14 +3,14 @@ kubelet, kube-scheduler and kube-controller-manager on this host) on a local con
 apiserver (etcd + kube-apiserver, watch cache on). Needs root and the node's packages; skips
 (fails under MILES_K8S_REQUIRE) without them.
 
-The image is built here (`python_image`, the host's interpreter and a pip-installed site-packages)
-and imported into the node's containerd; `deploy/colocate-pairing.yaml` is applied as it is in the
-repository. Every assertion reads the apiserver (pods, the Lease) or the controller pods' logs,
-streamed from their start: gated pods are released once each, by the Lease's holder; deleting the
-leader hands over within LeaseDuration + 2 x RetryPeriod x 2.2 (to the standby, or to the
-Deployment's replacement when it starts and polls first); a rollout restart never shows two
-holders and releases each pod once; a Role without `patch` gives one line per attempt (the loop's,
-no stack) on the backoff, and the leader turns unready.
+The image (`python_image`, the host's interpreter and a pip-installed site-packages) is built once
+per source and imported into the node's containerd by the conftest's `controller_node`;
+`deploy/colocate-pairing.yaml` is applied as it is in the repository. Every assertion reads the
+apiserver (pods, the Lease) or the controller pods' logs, streamed from their start: gated pods are
+released once each, by the Lease's holder; deleting the leader hands over within LeaseDuration + 2 x
+RetryPeriod x 2.2 (to the standby, or to the Deployment's replacement when it starts and polls
+first); a rollout restart never shows two holders and releases each pod once; a Role without `patch`
+gives one line per attempt (the loop's, no stack) on the backoff, and the leader turns unready.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,18 +32,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from miles.utils.k8s_testenv import (
-    BinaryPaths,
-    EnvSettings,
-    LocalControlPlane,
-    PrerequisiteError,
     RealNode,
     api_client,
-    ensure_node_binaries,
 )
-from miles.utils.k8s_testenv.host_state import HostSnapshot
 from miles.utils.k8s_testenv.kubelet import Probe, engine_container, eventually
-from miles.utils.k8s_testenv.python_image import build_controller_image
-from miles.utils.k8s_testenv.real_node import check_prerequisites
 
 pytestmark = pytest.mark.k8s_kind
 
@@ -59,27 +51,6 @@ SECONDS = 180.0
 FORBIDDEN_WINDOW = 20.0
 RELEASED = re.compile(r"released pod colocate-pairing/(\S+) onto node")
 TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-
-
-@pytest.fixture(scope="module")
-def real_node(k8s_settings: EnvSettings, k8s_binaries: BinaryPaths) -> Iterator[RealNode]:
-    try:
-        check_prerequisites()
-        binaries = ensure_node_binaries(settings=k8s_settings)
-    except PrerequisiteError as error:
-        if k8s_settings.require:
-            pytest.fail(f"{error}\n(MILES_K8S_REQUIRE is on, so this fails instead of skipping)")
-        pytest.skip(str(error))
-    before = HostSnapshot.take()
-    with (
-        LocalControlPlane(binaries=k8s_binaries, settings=EnvSettings(), keep=False) as plane,
-        RealNode.on(plane, binaries=binaries) as node,
-    ):
-        archive = plane.work_dir / "controller.tar"
-        build_controller_image(archive)
-        node.import_image(archive)
-        yield node
-    assert before.differences() == []
 
 
 @dataclass
@@ -295,9 +266,9 @@ def _one_holder_at_a_time(holders: list[tuple[float, str | None, int]]) -> None:
     assert transitions == sorted(transitions)
 
 
-async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> None:
+async def test_the_pairing_deployment_on_the_real_node(controller_node: RealNode) -> None:
     documents = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
-    async with asyncio.timeout(8 * SECONDS), deployed(real_node, documents) as cluster:
+    async with asyncio.timeout(8 * SECONDS), deployed(controller_node, documents) as cluster:
 
         async def two_ready() -> list[str] | None:
             ready = await cluster.ready_pods()
@@ -308,7 +279,7 @@ async def test_the_pairing_deployment_on_the_real_node(real_node: RealNode) -> N
             what="2 ready controller pods",
             timeout_seconds=SECONDS,
             seen=cluster.logs.dump,
-            failure=real_node.failure,
+            failure=controller_node.failure,
         )
         leader = await until(cluster.holder, what="a Lease holder", timeout_seconds=SECONDS)
         assert leader in ready
