@@ -133,22 +133,28 @@ def kubernetes_asyncio_writes(api: Any, namespace: str, op: str) -> Write:
     return {"patch": patch, "apply": apply, "create-delete": create_delete}[op]
 
 
-async def python_window(
-    make: Callable[[Any, str, str], Write],
-    kubeconfig: Path,
-    namespace: str,
-    op: str,
-    args: argparse.Namespace,
-    apiserver_pid: int | None,
-) -> Window:
+@dataclass(frozen=True)
+class Target:
+    """What one window writes: ``op`` in ``namespace`` of the apiserver ``kubeconfig`` names (its
+    process ``apiserver_pid`` when local), ``concurrency`` writers for ``seconds``."""
+
+    kubeconfig: Path
+    namespace: str
+    op: str
+    concurrency: int
+    seconds: float
+    apiserver_pid: int | None
+
+
+async def python_window(make: Callable[[Any, str, str], Write], target: Target) -> Window:
     from miles.utils.k8s_testenv import api_client
 
-    async with api_client(kubeconfig) as api:
-        write = make(api, namespace, op)
+    async with api_client(target.kubeconfig) as api:
+        write = make(api, target.namespace, target.op)
         await write("bench-warm", 0)  # the connection and the client's first-call costs
         writes = errors = 0
         gc.collect()
-        deadline = time.monotonic() + args.seconds
+        deadline = time.monotonic() + target.seconds
 
         async def worker(index: int) -> None:
             nonlocal writes, errors
@@ -164,8 +170,8 @@ async def python_window(
                 else:
                     writes += done
 
-        meter = Meter(apiserver_pid)
-        await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
+        meter = Meter(target.apiserver_pid)
+        await asyncio.gather(*(worker(i) for i in range(target.concurrency)))
         figures = meter.read()
     return Window(writes, errors, *figures)
 
@@ -185,24 +191,17 @@ class Meter:
         return time.monotonic() - self._started, cpu_seconds() - self._cpu, server
 
 
-def client_go_window(
-    binary: Path,
-    kubeconfig: Path,
-    namespace: str,
-    op: str,
-    args: argparse.Namespace,
-    apiserver_pid: int | None,
-) -> Window:
+def client_go_window(binary: Path, target: Target) -> Window:
     """One window of client-go's; its own process measures its wall time and CPU."""
     argv = [
         str(binary),
-        f"-kubeconfig={kubeconfig}",
-        f"-namespace={namespace}",
-        f"-op={op}",
-        f"-concurrency={args.concurrency}",
-        f"-seconds={args.seconds}",
+        f"-kubeconfig={target.kubeconfig}",
+        f"-namespace={target.namespace}",
+        f"-op={target.op}",
+        f"-concurrency={target.concurrency}",
+        f"-seconds={target.seconds}",
     ]
-    meter = Meter(apiserver_pid)
+    meter = Meter(target.apiserver_pid)
     done = subprocess.run(argv, capture_output=True, text=True, check=True)
     server = meter.read()[2]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -269,13 +268,12 @@ async def run(args: argparse.Namespace) -> int:
                 for name in order:
                     namespace = f"bench-writes-{time.time_ns():x}"
                     await seed(kubeconfig, namespace, args.concurrency)
+                    target = Target(kubeconfig, namespace, op, args.concurrency, args.seconds, pid)
                     if name == "client-go":
                         assert binary is not None
-                        window = client_go_window(binary, kubeconfig, namespace, op, args, pid)
+                        window = client_go_window(binary, target)
                     else:
-                        window = await python_window(
-                            makers[name], kubeconfig, namespace, op, args, pid
-                        )
+                        window = await python_window(makers[name], target)
                     results.setdefault((op, name), []).append(window)
                     print(
                         f"{op:13} {name:18} round {round_ + 1}: {window.rate:8.0f} writes/s, "
