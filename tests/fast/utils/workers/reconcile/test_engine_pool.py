@@ -10,6 +10,7 @@ import copy
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ from miles.utils.workers.reconcile.examples.engine_pool import (
     EnginePoolConfig,
     EnginePoolOperator,
     NotLeadingError,
+    main,
     ordinal_of,
 )
 from miles.utils.workers.reconcile.k8s_errors import api_error
@@ -429,3 +431,13 @@ async def test_all_gates_waits_for_each_and_dispatches_inside_all() -> None:
 
 def test_the_lease_is_named_for_the_operator() -> None:
     assert EnginePoolConfig().leader_election.lease_name == "engine-pool"
+
+
+def test_a_bad_configuration_is_one_line_and_exit_status_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "engine-pool.json"
+    config.write_text('{"replicas": 3}')
+    assert main(["--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"engine_pool: config {config}: replicas: Extra inputs are not permitted\n"
