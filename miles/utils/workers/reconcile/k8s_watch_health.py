@@ -7,9 +7,12 @@ it asks ``probe`` whether the apiserver had an event after the watch's cursor (a
 that cursor on another connection, in ``k8s_api``): an event the watch has still not delivered
 ``PROBE_GRACE`` seconds later ends the read with ``KubernetesConnectionError`` (``stalled``); no
 event keeps the watch, asked again ``PROBE_EVERY`` seconds after the last probe began; a probe that
-cannot reach the apiserver ends the read with the probe's own failure. A probe the server answers
-without telling (410 Expired, 429, 5xx) leaves that read to the read-idle ``backstop``, which also
-holds while the watch has no cursor (a streaming list before its initial events end).
+cannot reach the apiserver ends the read with the probe's own failure, and so does one answered
+that the cursor is ahead of the server's revision (504 "Too large resource version": its history
+went back, as when etcd is restored from an older snapshot), which the reflector relists on. A
+probe the server answers without telling (410 Expired, 429, other 5xx) leaves that read to the
+read-idle ``backstop``, which also holds while the watch has no cursor (a streaming list before
+its initial events end).
 """
 
 from __future__ import annotations
@@ -153,8 +156,8 @@ class WatchHealthCheck:
         ends it."""
         try:
             missed = await self._probe(cursor)
-        except KubernetesApiError:
-            return _Answer.UNDECIDED
+        except KubernetesApiError as err:
+            return err if _too_large(err) else _Answer.UNDECIDED
         except KubernetesConnectionError as err:
             return self._unreachable(read, err)
         except Exception as err:  # a probe that fails otherwise ends the watch with its failure
@@ -192,3 +195,13 @@ class WatchHealthCheck:
             server=err.server or self._server,
             reason=err.reason,
         )
+
+
+def _too_large(err: KubernetesApiError) -> bool:
+    """The apiserver's answer to a cursor beyond its revision: 504, with the cause
+    ``ResourceVersionTooLarge`` or the message "Too large resource version" (v1.36.3 sends both)."""
+    if err.code != 504:
+        return False
+    causes = getattr(err, "causes", ())
+    named = any(getattr(cause, "reason", "") == "ResourceVersionTooLarge" for cause in causes)
+    return named or "too large resource version" in str(err).lower()

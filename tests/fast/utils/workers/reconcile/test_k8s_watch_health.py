@@ -194,6 +194,28 @@ async def test_a_probe_the_server_cannot_answer_leaves_the_read_to_the_backstop(
     assert apiserver.times == [AFTER]
 
 
+async def test_a_probe_answered_that_the_cursor_is_too_large_ends_the_watch_with_it() -> None:
+    """etcd restored from an older snapshot under the apiserver: the probe from the watch's cursor
+    is answered 504 "Too large resource version" (v1.36.3's message), which ends the read at once
+    with that answer, for the reflector to relist (reason "cursor too large"); a 504 that does not
+    say so still cannot tell."""
+    too_large = KubernetesApiError(
+        504, "Timeout", "Timeout: Too large resource version: 219, current: 214"
+    )
+    apiserver = Apiserver(answers=[too_large])
+    async with checked(apiserver) as (_, health):
+        read = reading(health)
+        await apiserver.clock.advance(AFTER)
+        with pytest.raises(KubernetesApiError, match="Too large resource version"):
+            await read
+    gateway = Apiserver(answers=[KubernetesApiError(504, "Gateway Timeout")])
+    async with checked(gateway) as (_, health):
+        read = reading(health)
+        await gateway.clock.advance(AFTER + PROBE_EVERY)
+        assert not read.done()
+        read.cancel()
+
+
 async def test_without_a_cursor_only_the_backstop_holds() -> None:
     """A streaming list before its initial events end has no cursor: nothing is probed, and a read
     silent for the backstop ends ``idle``."""
