@@ -203,14 +203,15 @@ async def test_a_stalled_watch_ends_within_the_read_idle_bound(
 async def test_one_pod_whose_key_map_returns_an_unhashable_key_stalls_nothing(
     cached_kubeconfig: Path, k8s_namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`key_map` returns a list for one pod. That pod alone is left out, with one
-    error line naming it; the others are stored and `start()` returns (today the store rejects
-    the whole listing and `start()` never does). Bound: 10 s."""
+    """`key_map` returns a dict for one pod (unhashable, and not a collection of parent keys,
+    which a key map may return). That pod alone is left out, with one error line naming it; the
+    others are stored and `start()` returns (once, the store rejected the whole listing and
+    `start()` never did). Bound: 10 s."""
     caplog.set_level(logging.WARNING, logger=_RUNTIME)
 
     def key_map(pod: Pod) -> str | None:
         if pod.metadata.name == "bad":
-            return ["not", "hashable"]  # type: ignore[return-value]
+            return {"not": "hashable"}  # type: ignore[return-value]
         return cell_of(pod)
 
     async with api_client(cached_kubeconfig) as api:

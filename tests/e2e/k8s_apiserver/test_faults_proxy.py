@@ -252,8 +252,8 @@ async def test_freezes_the_open_watch_while_a_new_watch_is_served(
         _, _, body = await _list(core, k8s_namespace)
         version = body["metadata"]["resourceVersion"]
         frozen = await _watch(core, k8s_namespace, version)
-        before = time.monotonic()
         last_bytes = await proxy.freeze(WATCH)
+        frozen_at = time.monotonic()
         await create_pod(direct, k8s_namespace, "a-0", cell="a")
         fresh = await _watch(core, k8s_namespace, version)
         line = await asyncio.wait_for(fresh.content.readline(), _READ)
@@ -262,6 +262,6 @@ async def test_freezes_the_open_watch_while_a_new_watch_is_served(
         reset = await proxy.reset_held()
         frozen.release()
     assert len(last_bytes) == 1
-    assert last_bytes[0] <= before
+    assert last_bytes[0] <= frozen_at
     assert json.loads(line)["type"] == "ADDED"
     assert reset == 1
