@@ -75,6 +75,11 @@ def _arguments() -> argparse.Namespace:
         action="store_true",
         help="count a divergence and go on (the exit status is still 1)",
     )
+    parser.add_argument(
+        "--no-engine-pools",
+        action="store_true",
+        help="pods alone, as soaks before the engine pools were written beside them",
+    )
     parser.add_argument("--sample-every", type=float, default=10.0, help="resource sampling period")
     parser.add_argument(
         "--no-tracemalloc", action="store_true", help="sample without tracemalloc's overhead"
@@ -136,6 +141,7 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
         streaming_list=args.streaming_list,
         without=frozenset(args.without),
         keep_going=args.keep_going,
+        engine_pools=not args.no_engine_pools,
     )
     harness = DifferentialHarness(
         plane=env.plane,
