@@ -7,6 +7,7 @@ Run from the repository root::
     .venv/bin/python -m bench.apiserver --profile ours  # then one cProfiled run of ours
     .venv/bin/python -m bench.apiserver --growth 1000 10000 30000   # the sync at each size, a plot
     .venv/bin/python -m bench.apiserver --instructions  # instructions per WATCH event (callgrind)
+    .venv/bin/python -m bench.apiserver --kind enginepools [--instructions]  # custom objects
 
 It starts a local control plane (etcd plus a kube-apiserver with its watch cache on; or reuses
 ``MILES_K8S_KUBECONFIG``, e.g. one left running with ``MILES_K8S_KEEP=1``, whose seeded pods it
@@ -53,6 +54,9 @@ figure printed is the median over the rounds, and each ratio the median of per-r
 ``--instructions`` measures only the WATCH phase of ours, kube-rs and the wire, each under
 valgrind's callgrind, as instructions per event (``bench/apiserver_callgrind.py``): a CPU figure
 the host's load does not move; its exit status is that target's.
+``--kind enginepools`` runs ours over the pods beside ours over as many engine pools of a pod's
+size, typed and dynamic, and the raw paged LIST of the pools, in the same rounds
+(``bench/apiserver_objects.py``); its exit status is the engine pools' targets.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ from bench.apiserver_callgrind import (
 )
 from bench.apiserver_kube_rs import ContenderUnavailable, ensure_kube_rs
 from bench.apiserver_measure import Env, Scenario, measure_compiled, measure_python
+from bench.apiserver_objects import CEILINGS, INSTRUCTION_CEILINGS, KIND, check_ceilings
+from bench.apiserver_objects import CONTENDERS as OBJECT_CONTENDERS
 from bench.apiserver_proc import SELECTOR
 from bench.apiserver_report import (
     INSTRUCTION_TARGETS,
@@ -98,7 +104,16 @@ from bench.apiserver_seed import namespace_for
 from bench.apiserver_wire import WIRE_LEVELS
 from bench.report import Results, Values, fmt
 
-CONTENDERS = ("ours", "ka", "go", "kube-rs", "ours-stream", "go-stream", *WIRE_LEVELS)
+CONTENDERS = (
+    "ours",
+    "ka",
+    "go",
+    "kube-rs",
+    "ours-stream",
+    "go-stream",
+    *WIRE_LEVELS,
+    *OBJECT_CONTENDERS,
+)
 DEFAULT_CONTENDERS = ("ours", "ka", "go", "kube-rs", "wire")
 COUNTED_DEFAULT = ("ours", "kube-rs", "wire")
 COMPILED = ("go", "kube-rs", "go-stream")
@@ -165,7 +180,12 @@ async def prepare(env: Env, pods: int, parents: int) -> tuple[Scenario, dict[str
 
 
 async def list_floor(
-    env: Env, namespace: str, *, resource_version: str | None = None, limit: int | None = None
+    env: Env,
+    namespace: str,
+    *,
+    resource_version: str | None = None,
+    limit: int | None = None,
+    kind: str = "pods",
 ) -> float:
     """Seconds to GET the same LIST and read every body, decoding nothing: the server's part.
 
@@ -173,6 +193,7 @@ async def list_floor(
     each body (the server writes ``metadata`` before ``items``)."""
     from kubernetes_asyncio import client
 
+    from bench.apiserver_objects import list_page
     from miles.utils.k8s_testenv.client import api_client
 
     async with api_client(env.kubeconfig) as api:
@@ -187,7 +208,10 @@ async def list_floor(
                 options["resource_version"] = resource_version
             if limit is not None:
                 options["limit"] = limit
-            resp = await core.list_namespaced_pod(namespace, **options)
+            if kind == KIND:
+                resp = await list_page(api, namespace, options)
+            else:
+                resp = await core.list_namespaced_pod(namespace, **options)
             try:
                 body = await resp.read()
             finally:
@@ -308,6 +332,76 @@ async def count_instructions(
     if args.json:
         rounds = results.rounds
         print(json.dumps({"args": vars(args), "context": context, "rounds": rounds}, default=str))
+    return met
+
+
+async def prepare_pools(env: Env, pods: Scenario) -> tuple[Scenario, float]:
+    """An engine pool of each of these pods, seeded once; and their mean JSON size."""
+    from kubernetes_asyncio import client
+
+    from bench.apiserver_objects import create_pools, install_crd, list_pools, namespace_for
+    from bench.apiserver_seed import ensure_namespace, list_items, mean_pod_bytes, parents_of
+    from miles.utils.k8s_testenv.client import api_client
+
+    namespace = namespace_for(pods.pods)
+    async with api_client(env.kubeconfig) as api:
+        await install_crd(api)
+        core = client.CoreV1Api(api)
+        await ensure_namespace(core, namespace)
+        present = {item["metadata"]["name"] for item in await list_pools(api, namespace, SELECTOR)}
+        missing = [
+            pod
+            for pod in await list_items(core, pods.namespace)
+            if pod["metadata"]["name"] not in present
+        ]
+        if missing:
+            _progress(f"seeding {len(missing)} engine pools into {namespace}")
+            await create_pools(
+                api, namespace=namespace, pods=missing, parallel=32, progress=_progress
+            )
+        items = await list_pools(api, namespace, SELECTOR)
+    scenario = Scenario(namespace, len(items), parents_of(items), watch=True, kind=KIND)
+    return scenario, mean_pod_bytes(items)
+
+
+async def objects_bench(
+    env: Env, args: argparse.Namespace, contenders: Sequence[str], skipped: dict[str, str]
+) -> bool:
+    """``--kind enginepools``: ours over the pods and over the engine pools, in the same rounds."""
+    pods, context = await prepare(env, args.pods, args.parents)
+    pools, pool_bytes = await prepare_pools(env, pods)
+    _progress(
+        f"{pods.pods} pods ({context['pod_bytes']:.0f} B each) and {pools.pods} engine pools"
+        f" ({pool_bytes:.0f} B each) ready"
+    )
+    cg = Callgrind.find(env.logs) if args.instructions else None
+
+    async def one(name: str, env: Env, _: Scenario, args: argparse.Namespace, seed: int) -> Values:
+        if name == "floor-objects":
+            return {"sync_s": await list_floor(env, pools.namespace, limit=PAGE_SIZE, kind=KIND)}
+        scenario = pools if name in OBJECT_CONTENDERS else pods
+        if cg is not None:
+            return await count(name, env, scenario, args, seed, cg)
+        return await measure(name, env, scenario, args, seed)
+
+    floor = [] if args.instructions else ["floor-objects"]
+    results = await run_rounds(env, pods, args, [*contenders, *floor], one, with_floor=False)
+    print(
+        f"\n{pods.pods} pods ({context['pod_bytes']:.0f} B of JSON each) and as many engine pools"
+        f" ({pool_bytes:.0f} B each), {len(results.rounds)} round(s), load average"
+        f" {os.getloadavg()[0]:.1f}"
+    )
+    for key, title in (
+        ("sync_s", "LIST-to-synced by round (s)"),
+        ("cpu_per_event", "CPU per WATCH event by round (us), unpolled window"),
+        ("instructions_per_event", "instructions per WATCH event by round (thousands)"),
+    ):
+        if any(results.per_round(name, key) != [None] * len(results.rounds) for name in contenders):
+            print_rounds(results, key, title)
+    met = check_ceilings(results, INSTRUCTION_CEILINGS if args.instructions else CEILINGS)
+    if args.json:
+        context["pool_bytes"] = pool_bytes
+        print(json.dumps({"args": vars(args), "context": context, "rounds": results.rounds}))
     return met
 
 
@@ -472,6 +566,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1,000 pods, one round")
     parser.add_argument(
+        "--kind",
+        choices=("pods", KIND),
+        default="pods",
+        help=f"{KIND}: ours over the pods beside ours over as many engine pools (a custom"
+        " resource), typed and dynamic, in the same rounds",
+    )
+    parser.add_argument(
         "--growth", type=int, nargs="+", default=None, metavar="PODS", help="pool sizes: sync only"
     )
     parser.add_argument(
@@ -498,6 +599,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.watch_seconds = args.watch_seconds or (3.0 if args.quick else 8.0)
     if args.instructions:
         args.writer_rate = args.writer_rate or RATE
+    if args.kind == KIND:
+        args.contenders = args.contenders or ["ours", *OBJECT_CONTENDERS]
     args.contenders = args.contenders or list(
         COUNTED_DEFAULT if args.instructions else DEFAULT_CONTENDERS
     )
@@ -532,6 +635,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 asyncio.run(growth(env, args, contenders))
                 return
             run = count_instructions if args.instructions else bench
+            if args.kind == KIND:
+                run = objects_bench
             met = asyncio.run(run(env, args, contenders, skipped))
     except (K8sTestEnvError, ContenderUnavailable) as err:
         sys.exit(f"bench.apiserver: {err}")

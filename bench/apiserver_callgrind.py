@@ -43,7 +43,17 @@ from bench.report import Values
 
 RATE = 40.0
 """Writer patches per second while counting: each event its own read, for every contender."""
-COUNTED = ("ours", "ours-stream", "ka", "kube-rs", "wire", "wire-decode", "wire-keep")
+COUNTED = (
+    "ours",
+    "ours-stream",
+    "ka",
+    "kube-rs",
+    "wire",
+    "wire-decode",
+    "wire-keep",
+    "ours-typed",
+    "ours-dynamic",
+)
 NOT_COUNTED = "it cannot say it holds a resourceVersion without being polled, inside the window"
 """Why client-go is not in ``COUNTED``."""
 CONTROL_TIMEOUT = 60.0

@@ -4,7 +4,9 @@ Go counterpart: the client-go oracle (``tools/k8s/oracle``) plays the same part 
 
 Both contenders run the same ``ReconcileLoop`` (key map: the parent label) and the same recording
 reconcile; only the source differs: ``KubernetesReflector`` over ``KubernetesAsyncioPodApi``
-(ours) or ``KubernetesAsyncioModelReflector`` (``V1Pod`` models). Protocol, one JSON line each:
+(ours) or ``KubernetesAsyncioModelReflector`` (``V1Pod`` models); ``ours-typed`` and
+``ours-dynamic`` watch engine pools (``bench/apiserver_objects.py``) through
+``KubernetesAsyncioResourceApi``. Protocol, one JSON line each:
 
 1. ``synced``: once the store holds every pod and every parent has been reconciled once, with the
    start stamp (before the API client is built), the synced stamp, and RSS before and after;
@@ -36,6 +38,8 @@ import kubernetes_asyncio.config
 import kubernetes_asyncio.watch  # noqa: F401  (imported before the clock starts, as Go's init)
 
 from bench.apiserver_ka_reflector import KubernetesAsyncioModelReflector
+from bench.apiserver_objects import CONTENDERS as OBJECT_CONTENDERS
+from bench.apiserver_objects import POOLS
 from bench.apiserver_proc import (
     PARENT_LABEL,
     SELECTOR,
@@ -46,8 +50,13 @@ from bench.apiserver_proc import (
     rss_bytes,
 )
 from bench.apiserver_wire import WIRE_LEVELS, WireReader
+from bench.objects import EnginePool
 from miles.utils.workers.reconcile.heap_trim import trim_free_heap
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
+from miles.utils.workers.reconcile.k8s_api import (
+    KubernetesAsyncioPodApi,
+    KubernetesAsyncioResourceApi,
+)
+from miles.utils.workers.reconcile.k8s_objects import DynamicObject
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.source_event import (
@@ -59,7 +68,7 @@ from miles.utils.workers.reconcile.source_event import (
     UpsertEvent,
 )
 
-CONTENDERS = ("ours", "ours-stream", "ka", *WIRE_LEVELS)
+CONTENDERS = ("ours", "ours-stream", "ka", *OBJECT_CONTENDERS, *WIRE_LEVELS)
 STREAMING = "ours-stream"
 """Ours listing by a streaming list (``sendInitialEvents``) instead of paged LISTs."""
 
@@ -120,6 +129,13 @@ def build_source(name: str, api_client: Any, namespace: str) -> SourceWatchFn:
     from kubernetes_asyncio import client
 
     core = client.CoreV1Api(api_client)
+    if name in OBJECT_CONTENDERS:
+        model = EnginePool if name == "ours-typed" else DynamicObject
+        return KubernetesReflector(
+            api=KubernetesAsyncioResourceApi(api_client=api_client, resource=POOLS, model=model),
+            namespace=namespace,
+            label_selector=SELECTOR,
+        ).watch
     if name.startswith("ours"):
         streaming: dict[str, Any] = {"streaming_list": True} if name == STREAMING else {}
         return KubernetesReflector(

@@ -61,6 +61,8 @@ class Scenario:
     parents: int
     watch: bool
     """False: the sync only (the growth table)."""
+    kind: str = "pods"
+    """What the writer patches: ``pods`` or ``enginepools`` (``bench/apiserver_objects.py``)."""
 
 
 @dataclass
@@ -130,6 +132,7 @@ async def ready_writer(
         f"--kubeconfig={env.kubeconfig}",
         f"--namespace={scenario.namespace}",
         f"--pods={scenario.pods}",
+        f"--kind={scenario.kind}",
         f"--seconds={args.watch_seconds}",
         f"--concurrency={args.writer_concurrency}",
         f"--rate={args.writer_rate}",

@@ -25,6 +25,9 @@ TITLES = {
     "wire-decode": "the wire, decoded",
     "wire-keep": "the wire, decoded, kept",
     "floor": "the raw paged LIST",
+    "ours-typed": "ours, engine pools, typed",
+    "ours-dynamic": "ours, engine pools, dynamic",
+    "floor-objects": "the raw paged LIST of engine pools",
 }
 COLUMNS = {
     "ours": "ours",
@@ -36,6 +39,9 @@ COLUMNS = {
     "wire": "wire",
     "wire-decode": "wire-decode",
     "wire-keep": "wire-keep",
+    "ours-typed": "pools-typed",
+    "ours-dynamic": "pools-dyn",
+    "floor-objects": "pools-floor",
 }
 PEERS = tuple(name for name in COLUMNS if name != "ours")
 SHARE_SHOWN = 0.001

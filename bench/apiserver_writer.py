@@ -3,8 +3,9 @@
 Go counterpart: none (a load generator). Runs in its own process so it never shares an event loop
 with a contender. Prints ``ready``, waits for ``go`` on stdin, then keeps ``--concurrency`` merge
 patches in flight for ``--seconds``, each setting an annotation and a label of a random pod (never
-the parent label), and prints ``done`` with the stamp before the first patch and, per patch, the
-stamp of its acknowledgement and the resourceVersion it produced. The annotation's value is
+the parent label; with ``--kind enginepools`` of a random engine pool), and prints ``done`` with
+the stamp before the first patch and, per patch, the stamp of its acknowledgement and the
+resourceVersion it produced. The annotation's value is
 unique to this run and patch, so that no patch is a no-op (which would produce no event).
 """
 
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.apiserver_objects import KIND, POOLS
 from bench.apiserver_proc import (
     WRITER_ANNOTATION,
     WRITER_LABEL,
@@ -33,13 +35,24 @@ class Writer:
         self,
         core_v1_api: Any,
         *,
+        kind: str = "pods",
         namespace: str,
         names: list[str],
         seconds: float,
         seed: int,
         rate: float = 0.0,
     ) -> None:
-        self._core = core_v1_api
+        self._patch = core_v1_api.patch_namespaced_pod
+        if kind == KIND:
+            from kubernetes_asyncio import client
+
+            custom: Any = client.CustomObjectsApi(core_v1_api.api_client)
+            where = (POOLS.group, POOLS.version)
+            self._patch = lambda name, namespace, *rest, **options: (
+                custom.patch_namespaced_custom_object(
+                    *where, namespace, POOLS.plural, name, *rest, **options
+                )
+            )
         self._namespace = namespace
         self._names = names
         self._seconds = seconds
@@ -65,7 +78,7 @@ class Writer:
                     "labels": {WRITER_LABEL: str(self._seq % 7)},
                 }
             }
-            resp = await self._core.patch_namespaced_pod(
+            resp = await self._patch(
                 self._rng.choice(self._names),
                 self._namespace,
                 body,
@@ -92,6 +105,7 @@ async def run(args: argparse.Namespace) -> None:
         names = [f"engine-{index}" for index in range(args.pods)]
         writer = Writer(
             core,
+            kind=args.kind,
             namespace=args.namespace,
             names=names,
             seconds=args.seconds,
@@ -113,6 +127,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--pods", type=int, required=True)
+    parser.add_argument("--kind", choices=("pods", KIND), default="pods")
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
