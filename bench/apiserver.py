@@ -190,7 +190,8 @@ async def list_floor(
     """Seconds to GET the same LIST and read every body, decoding nothing: the server's part.
 
     With ``limit`` the pages are followed by their continue token, found in the first bytes of
-    each body (the server writes ``metadata`` before ``items``)."""
+    each body (the server writes a pod list's ``metadata`` before ``items``; a custom resource's
+    list, unstructured, after)."""
     from kubernetes_asyncio import client
 
     from bench.apiserver_objects import list_page
@@ -216,7 +217,9 @@ async def list_floor(
                 body = await resp.read()
             finally:
                 resp.release()
-            found = _CONTINUE.search(body, 0, 4096) if limit is not None else None
+            # a custom resource's list is written with its keys sorted: metadata after the items
+            head = max(len(body) - 4096, 0) if kind == KIND else 0
+            found = _CONTINUE.search(body, head, head + 4096) if limit is not None else None
             token = found.group(1).decode() if found else None
             if not token:
                 return time.monotonic() - started
