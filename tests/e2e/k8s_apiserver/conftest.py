@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from miles.utils.k8s_testenv import BinaryPaths, EnvSettings, LocalControlPlane
+
 _LAYER_DIR = Path(__file__).parent
 
 
@@ -28,3 +30,15 @@ def behind_the_fault_proxy(request: pytest.FixtureRequest) -> Iterator[None]:
         f"k8s_apiserver: {request.node.name} ran on the cached kube-apiserver (watch cache on) "
         "behind the HTTP fault proxy"
     )
+
+
+@pytest.fixture(scope="module")
+def own_plane(
+    k8s_settings: EnvSettings, request: pytest.FixtureRequest
+) -> Iterator[LocalControlPlane]:
+    """A control plane of the test module's own, for the tests that restore its etcd."""
+    if k8s_settings.kubeconfig is not None:
+        pytest.skip("restoring etcd needs the local control plane's own etcd")
+    binaries: BinaryPaths = request.getfixturevalue("k8s_binaries")
+    with LocalControlPlane(binaries=binaries, settings=k8s_settings, keep=False) as plane:
+        yield plane

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from miles.utils.k8s_testenv import BinaryPaths, EnvSettings, LocalControlPlane
+from miles.utils.k8s_testenv import LocalControlPlane
 from tests.e2e.k8s_apiserver.fault_harness import Faulted, Membership, faulted_cells
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -43,17 +44,6 @@ DELIVERED = 1.0
 SETTLE = 12.0
 """Seconds after the last write before what is lost without the check is measured: two 5 s
 watches end and are probed in that time."""
-
-
-@pytest.fixture(scope="module")
-def restore_plane(
-    k8s_settings: EnvSettings, request: pytest.FixtureRequest
-) -> Iterator[LocalControlPlane]:
-    if k8s_settings.kubeconfig is not None:
-        pytest.skip("restoring etcd needs the local control plane's own etcd")
-    binaries: BinaryPaths = request.getfixturevalue("k8s_binaries")
-    with LocalControlPlane(binaries=binaries, settings=k8s_settings, keep=False) as plane:
-        yield plane
 
 
 @dataclass(frozen=True)
@@ -81,25 +71,40 @@ async def _restore_under_the_running_apiserver(plane: LocalControlPlane, faulted
         await faulted.create(f"c-{index}", cell="c")
 
 
+@asynccontextmanager
+async def _restored_uncached(
+    plane: LocalControlPlane,
+    tmp_path: Path,
+    watch_timeout_seconds: int,
+    *,
+    consistency_check_period: float | None = None,
+) -> AsyncIterator[Faulted]:
+    """A loop on the cache-less apiserver, in a namespace of its own, once etcd is restored."""
+    namespace = f"restore-{uuid.uuid4().hex[:8]}"
+    print(f"k8s_apiserver: ran on the cache-less kube-apiserver in {plane.work_dir}")
+    async with faulted_cells(
+        plane.uncached_kubeconfig,
+        namespace,
+        tmp_path,
+        create_namespace=True,
+        watch_timeout_seconds=watch_timeout_seconds,
+        consistency_check_period=consistency_check_period,
+    ) as faulted:
+        await _restore_under_the_running_apiserver(plane, faulted)
+        yield faulted
+
+
 @pytest.mark.parametrize("watch_timeout_seconds", [5, 60], ids=lambda t: f"watch-{t}s")
 async def test_the_consistency_check_bounds_what_a_restore_under_the_apiserver_loses(
-    restore_plane: LocalControlPlane, tmp_path: Path, watch_timeout_seconds: int
+    own_plane: LocalControlPlane, tmp_path: Path, watch_timeout_seconds: int
 ) -> None:
     """Promise (beyond client-go, record row "consistency check"): with
     `consistency_check_period=CHECK_PERIOD`, 0 ghosts and 0 missed pods within `CHECK_BOUND` of
     the last write, at either watch timeout, whether or not a probe met the too-large cursor
     first."""
-    namespace = f"restore-{uuid.uuid4().hex[:8]}"
-    print(f"k8s_apiserver: ran on the cache-less kube-apiserver in {restore_plane.work_dir}")
-    async with faulted_cells(
-        restore_plane.uncached_kubeconfig,
-        namespace,
-        tmp_path,
-        create_namespace=True,
-        watch_timeout_seconds=watch_timeout_seconds,
-        consistency_check_period=CHECK_PERIOD,
+    async with _restored_uncached(
+        own_plane, tmp_path, watch_timeout_seconds, consistency_check_period=CHECK_PERIOD
     ) as faulted:
-        await _restore_under_the_running_apiserver(restore_plane, faulted)
         await asyncio.sleep(DELIVERED)
         before = _Lost.between(faulted.store(), await faulted.fresh_list())
         took = DELIVERED + await faulted.store_equals_list(
@@ -119,7 +124,7 @@ async def test_the_consistency_check_bounds_what_a_restore_under_the_apiserver_l
 
 @pytest.mark.parametrize("watch_timeout_seconds", [5, 60], ids=lambda t: f"watch-{t}s")
 async def test_without_the_check_only_a_probe_before_the_writes_pass_the_cursor_mends_it(
-    restore_plane: LocalControlPlane, tmp_path: Path, watch_timeout_seconds: int
+    own_plane: LocalControlPlane, tmp_path: Path, watch_timeout_seconds: int
 ) -> None:
     """The documented behaviour without the opt-in: the loop relists (reason "cursor too large")
     only when a probe or LIST reaches the server while its revision is still below the cursor;
@@ -127,16 +132,7 @@ async def test_without_the_check_only_a_probe_before_the_writes_pass_the_cursor_
     ghosts and misses the c-* pods written at revisions at or below its cursor, as client-go's
     informer does. Promise: either the store equals a fresh LIST after a "cursor too large"
     relist, or what it lost is exactly of that shape."""
-    namespace = f"restore-{uuid.uuid4().hex[:8]}"
-    print(f"k8s_apiserver: ran on the cache-less kube-apiserver in {restore_plane.work_dir}")
-    async with faulted_cells(
-        restore_plane.uncached_kubeconfig,
-        namespace,
-        tmp_path,
-        create_namespace=True,
-        watch_timeout_seconds=watch_timeout_seconds,
-    ) as faulted:
-        await _restore_under_the_running_apiserver(restore_plane, faulted)
+    async with _restored_uncached(own_plane, tmp_path, watch_timeout_seconds) as faulted:
         await asyncio.sleep(SETTLE)
         lost = _Lost.between(faulted.store(), await faulted.fresh_list())
         relists = faulted.cells.loop.status().source.relists
@@ -153,7 +149,7 @@ async def test_without_the_check_only_a_probe_before_the_writes_pass_the_cursor_
 
 
 async def test_the_watch_cache_keeps_the_ghosts_for_every_client(
-    restore_plane: LocalControlPlane, tmp_path: Path
+    own_plane: LocalControlPlane, tmp_path: Path
 ) -> None:
     """Measured, recorded: the watch-cache apiserver's cache stays ahead of the restored etcd and
     serves a consistent LIST (resourceVersion unset) from it, so its fresh LIST itself holds the
@@ -162,20 +158,20 @@ async def test_the_watch_cache_keeps_the_ghosts_for_every_client(
     with the check, equals the cached apiserver's LIST, which differs from etcd's (the cache-less
     apiserver's) by the erased pods."""
     namespace = f"restore-{uuid.uuid4().hex[:8]}"
-    print(f"k8s_apiserver: ran on the watch-cache kube-apiserver in {restore_plane.work_dir}")
+    print(f"k8s_apiserver: ran on the watch-cache kube-apiserver in {own_plane.work_dir}")
     (tmp_path / "etcd").mkdir()
     async with (
         faulted_cells(
-            restore_plane.cached_kubeconfig,
+            own_plane.cached_kubeconfig,
             namespace,
             tmp_path,
             create_namespace=True,
             watch_timeout_seconds=5,
             consistency_check_period=CHECK_PERIOD,
         ) as faulted,
-        faulted_cells(restore_plane.uncached_kubeconfig, namespace, tmp_path / "etcd") as etcd_view,
+        faulted_cells(own_plane.uncached_kubeconfig, namespace, tmp_path / "etcd") as etcd_view,
     ):
-        await _restore_under_the_running_apiserver(restore_plane, faulted)
+        await _restore_under_the_running_apiserver(own_plane, faulted)
         started = time.monotonic()
         await faulted.store_equals_list(within=CHECK_BOUND, what="the cached apiserver's view")
         cached = _Lost.between(await faulted.fresh_list(), await etcd_view.fresh_list())

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from miles.utils.k8s_testenv import BinaryPaths, EnvSettings, LocalControlPlane
+from miles.utils.k8s_testenv import BinaryPaths, LocalControlPlane
 from miles.utils.k8s_testenv.http_fault_proxy import BlackHole, Match
 from miles.utils.k8s_testenv.testing.differential.oracle_client import OracleProcess
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
@@ -42,23 +42,12 @@ HIDDEN_RESTART_SETTLE = 5.0
 """Seconds both clients get, once the held connections are reset, to reconnect and catch up."""
 
 
-@pytest.fixture(scope="module")
-def rollback_plane(
-    k8s_settings: EnvSettings, request: pytest.FixtureRequest
-) -> Iterator[LocalControlPlane]:
-    if k8s_settings.kubeconfig is not None:
-        pytest.skip("restoring etcd needs the local control plane's own etcd")
-    binaries: BinaryPaths = request.getfixturevalue("k8s_binaries")
-    with LocalControlPlane(binaries=binaries, settings=k8s_settings, keep=False) as plane:
-        yield plane
-
-
 @pytest.mark.parametrize("watch_timeout_seconds", WATCH_TIMEOUTS, ids=lambda t: f"watch-{t}s")
 @pytest.mark.parametrize(
     "writes_after_reconnect", [False, True], ids=["written-at-once", "written-after-reconnect"]
 )
 async def test_etcd_restored_from_an_older_snapshot_converges(
-    rollback_plane: LocalControlPlane,
+    own_plane: LocalControlPlane,
     tmp_path: Path,
     writes_after_reconnect: bool,
     watch_timeout_seconds: int,
@@ -70,7 +59,7 @@ async def test_etcd_restored_from_an_older_snapshot_converges(
     (written after the loop reconnected). Promise: the store equals a fresh LIST within
     `ROLLBACK_BOUND` of the last write, at every watch timeout."""
     async with _restored(
-        rollback_plane, tmp_path, watch_timeout_seconds=watch_timeout_seconds
+        own_plane, tmp_path, watch_timeout_seconds=watch_timeout_seconds
     ) as restored:
         if writes_after_reconnect:
             await restored.faulted.store_equals_list(
@@ -87,7 +76,7 @@ async def test_etcd_restored_from_an_older_snapshot_converges(
 
 @pytest.mark.parametrize("watch_timeout_seconds", WATCH_TIMEOUTS, ids=lambda t: f"watch-{t}s")
 async def test_a_restore_behind_a_held_connection_is_seen_by_no_client(
-    rollback_plane: LocalControlPlane,
+    own_plane: LocalControlPlane,
     k8s_binaries: BinaryPaths,
     tmp_path: Path,
     watch_timeout_seconds: int,
@@ -102,7 +91,7 @@ async def test_a_restore_behind_a_held_connection_is_seen_by_no_client(
     record, not of convergence): ours and client-go hold the same pods, and neither equals the
     fresh LIST."""
     async with _restored(
-        rollback_plane,
+        own_plane,
         tmp_path,
         watch_timeout_seconds=watch_timeout_seconds,
         oracle_binary=k8s_binaries.oracle,
