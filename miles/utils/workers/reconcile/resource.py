@@ -17,6 +17,8 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _VERSION = re.compile(r"^v[0-9]+((alpha|beta)[0-9]+)?$")
 _KIND = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+_UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
+"""What ``quote(..., safe="")`` leaves as it is: every valid name, which skips the quoting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +82,12 @@ class Resource:
         root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         parts = [root]
         if namespace:
-            parts.append(f"namespaces/{quote(namespace, safe='')}")
+            parts.append(f"namespaces/{_segment(namespace)}")
         parts.append(self.plural)
         if name is not None:
             if not name:
                 raise ValueError(f"an empty name for one {self.kind}")
-            parts.append(quote(name, safe=""))
+            parts.append(_segment(name))
         if subresource:
             parts.append(subresource)
         return "/".join(parts)
@@ -94,6 +96,10 @@ class Resource:
         return (
             self.group_resource if not self.group else f"{self.plural}.{self.version}.{self.group}"
         )
+
+
+def _segment(text: str) -> str:
+    return text if _UNQUOTED(text) else quote(text, safe="")
 
 
 PODS = Resource(group="", version="v1", plural="pods", kind="Pod")

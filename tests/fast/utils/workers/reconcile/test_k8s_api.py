@@ -38,6 +38,7 @@ from miles.utils.workers.reconcile import k8s_wire
 from miles.utils.workers.reconcile.clock import FakeClock, RealClock
 from miles.utils.workers.reconcile.k8s_api import (
     KubernetesAsyncioPodApi,
+    KubernetesAsyncioTransport,
     as_kubernetes_error,
     in_cluster_configuration,
 )
@@ -1233,3 +1234,51 @@ async def test_after_a_401_the_next_request_carries_the_rotated_token(tmp_path: 
         await runner.cleanup()
     assert [p.metadata.name for p in page.pods] == ["a"]
     assert seen == ["Bearer first", "Bearer second"]
+
+
+async def test_the_write_transport_sends_the_rotated_token_after_a_401(tmp_path: Path) -> None:
+    """The transport builds its headers once per credential, yet runs the token's refresh hook
+    before every request: after a 401 the next write carries the file's new token, and the one
+    after it keeps it."""
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("first")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    seen: list[str] = []
+
+    async def patch(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization", ""))
+        if seen[-1] != "Bearer second":
+            return web.json_response({"kind": "Status", "reason": "Unauthorized"}, status=401)
+        return web.json_response({"kind": "ConfigMap", "metadata": {"name": "c"}})
+
+    app = web.Application()
+    app.router.add_patch("/api/v1/namespaces/{namespace}/configmaps/{name}", patch)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    configuration = in_cluster_configuration(environ, account)
+    configuration.host = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    configuration.ssl_ca_cert = None
+    try:
+        async with ApiClient(configuration=configuration) as client:
+            transport = KubernetesAsyncioTransport(api_client=client)
+            statuses: list[int] = []
+            for value in ("1", "2", "3"):
+                response = await transport.request(
+                    "PATCH",
+                    "/api/v1/namespaces/ns/configmaps/c",
+                    query=[("fieldManager", "m")],
+                    body=b'{"data":{"v":"%s"}}' % value.encode(),
+                    content_type="application/merge-patch+json",
+                )
+                statuses.append(response.status)
+                if value == "1":
+                    rotate(account / "token", "second")
+    finally:
+        await runner.cleanup()
+    assert statuses == [401, 200, 200]
+    assert seen == ["Bearer first", "Bearer second", "Bearer second"]
+    assert response.headers["content-type"].startswith("application/json")
