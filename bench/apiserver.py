@@ -404,7 +404,11 @@ async def objects_bench(
     met = check_ceilings(results, INSTRUCTION_CEILINGS if args.instructions else CEILINGS)
     if args.json:
         context["pool_bytes"] = pool_bytes
-        print(json.dumps({"args": vars(args), "context": context, "rounds": results.rounds}))
+        print(
+            json.dumps(
+                {"args": vars(args), "context": context, "rounds": results.rounds}, default=str
+            )
+        )
     return met
 
 
