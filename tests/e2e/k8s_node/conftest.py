@@ -9,6 +9,7 @@ is checked unchanged afterwards.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 
@@ -26,8 +27,18 @@ from miles.utils.k8s_testenv.real_node import check_prerequisites
 from miles.utils.k8s_testenv.user_dirs import user_cache_dir
 
 
+@dataclass(frozen=True)
+class NodeOnPlane:
+    """A local control plane and the real node registered with it."""
+
+    plane: LocalControlPlane
+    node: RealNode
+
+
 @pytest.fixture(scope="module")
-def controller_node(k8s_settings: EnvSettings, k8s_binaries: BinaryPaths) -> Iterator[RealNode]:
+def node_on_plane(k8s_settings: EnvSettings, k8s_binaries: BinaryPaths) -> Iterator[NodeOnPlane]:
+    """A control plane of the module's own and a real node on it; the host checked unchanged
+    after both are gone."""
     try:
         check_prerequisites()
         binaries = ensure_node_binaries(settings=k8s_settings)
@@ -40,6 +51,11 @@ def controller_node(k8s_settings: EnvSettings, k8s_binaries: BinaryPaths) -> Ite
         LocalControlPlane(binaries=k8s_binaries, settings=EnvSettings(), keep=False) as plane,
         RealNode.on(plane, binaries=binaries) as node,
     ):
-        node.import_image(cached_controller_image(user_cache_dir() / "images"))
-        yield node
+        yield NodeOnPlane(plane=plane, node=node)
     assert before.differences() == []
+
+
+@pytest.fixture(scope="module")
+def controller_node(node_on_plane: NodeOnPlane) -> RealNode:
+    node_on_plane.node.import_image(cached_controller_image(user_cache_dir() / "images"))
+    return node_on_plane.node

@@ -5,49 +5,25 @@ MILES_K8S_REQUIRE) without root or the node's packages."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from miles.utils.k8s_testenv import (
-    BinaryPaths,
-    EnvSettings,
-    LocalControlPlane,
-    PrerequisiteError,
-    RealNode,
     api_client,
-    ensure_node_binaries,
 )
-from miles.utils.k8s_testenv.host_state import HostSnapshot
 from miles.utils.k8s_testenv.kubelet import Probe, eventually
-from miles.utils.k8s_testenv.real_node import check_prerequisites
 from miles.utils.workers.reconcile.controllerutil import set_controller_reference
+
+if TYPE_CHECKING:
+    from tests.e2e.k8s_node.conftest import NodeOnPlane
 
 pytestmark = pytest.mark.k8s_kind
 
 NAMESPACE = "default"
 GC_SECONDS = 90.0
-
-
-@pytest.fixture(scope="module")
-def plane(k8s_settings: EnvSettings, k8s_binaries: BinaryPaths) -> Iterator[LocalControlPlane]:
-    try:
-        check_prerequisites()
-        binaries = ensure_node_binaries(settings=k8s_settings)
-    except PrerequisiteError as error:
-        if k8s_settings.require:
-            pytest.fail(f"{error}\n(MILES_K8S_REQUIRE is on, so this fails instead of skipping)")
-        pytest.skip(str(error))
-    before = HostSnapshot.take()
-    with (
-        LocalControlPlane(binaries=k8s_binaries, settings=EnvSettings(), keep=False) as started,
-        RealNode.on(started, binaries=binaries),
-    ):
-        yield started
-    assert before.differences() == []
 
 
 def _config_map(name: str) -> Any:
@@ -60,9 +36,9 @@ def _config_map(name: str) -> Any:
 
 
 async def test_the_garbage_collector_deletes_what_a_deleted_owner_controlled(
-    plane: LocalControlPlane,
+    node_on_plane: NodeOnPlane,
 ) -> None:
-    async with api_client(plane.cached_kubeconfig) as api:
+    async with api_client(node_on_plane.plane.cached_kubeconfig) as api:
         core = client.CoreV1Api(api)
         owner = await core.create_namespaced_config_map(NAMESPACE, _config_map("owner"))
         owned = _config_map("owned")
