@@ -1196,23 +1196,27 @@ def rotate(path: Path, token: str) -> None:
     os.replace(fresh, path)
 
 
-async def test_after_a_401_the_next_request_carries_the_rotated_token(tmp_path: Path) -> None:
-    """The apiserver accepts only ``second``: the LIST with ``first`` is refused 401, and the
-    retry, well inside the 50 s cache, carries the file's new token."""
+@asynccontextmanager
+async def _accepting_only_the_second_token(
+    tmp_path: Path, method: str, route: str, answer: Callable[[], web.Response]
+) -> AsyncIterator[tuple[Any, Path, list[str]]]:
+    """An apiserver on loopback that refuses every token but ``second`` with a 401 and gives
+    ``answer()`` otherwise; yields the in-cluster configuration of a service account whose token
+    file reads ``first``, the account's folder and the Authorization headers seen."""
     account = tmp_path / "serviceaccount"
     account.mkdir()
     (account / "token").write_text("first")
     (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     seen: list[str] = []
 
-    async def pods(request: web.Request) -> web.Response:
+    async def handle(request: web.Request) -> web.Response:
         seen.append(request.headers.get("Authorization", ""))
         if seen[-1] != "Bearer second":
             return web.json_response({"kind": "Status", "reason": "Unauthorized"}, status=401)
-        return web.Response(body=list_body([realistic_pod("a")], "7"))
+        return answer()
 
     app = web.Application()
-    app.router.add_get("/api/v1/namespaces/{namespace}/pods", pods)
+    app.router.add_route(method, route, handle)
     runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -1222,16 +1226,31 @@ async def test_after_a_401_the_next_request_carries_the_rotated_token(tmp_path: 
     configuration.host = f"http://127.0.0.1:{runner.addresses[0][1]}"
     configuration.ssl_ca_cert = None
     try:
-        async with ApiClient(configuration=configuration) as client:
-            api = KubernetesAsyncioPodApi(core_v1_api=CoreV1Api(client))
-            options = ListOptions(namespace="ns", label_selector="")
-            rotate(account / "token", "second")
-            with pytest.raises(KubernetesApiError) as refused:
-                await api.list_pod_page(options)
-            assert refused.value.code == 401
-            page = await api.list_pod_page(options)
+        yield configuration, account, seen
     finally:
         await runner.cleanup()
+
+
+async def test_after_a_401_the_next_request_carries_the_rotated_token(tmp_path: Path) -> None:
+    """The apiserver accepts only ``second``: the LIST with ``first`` is refused 401, and the
+    retry, well inside the 50 s cache, carries the file's new token."""
+    pods = _accepting_only_the_second_token(
+        tmp_path,
+        "GET",
+        "/api/v1/namespaces/{namespace}/pods",
+        lambda: web.Response(body=list_body([realistic_pod("a")], "7")),
+    )
+    async with (
+        pods as (configuration, account, seen),
+        ApiClient(configuration=configuration) as client,
+    ):
+        api = KubernetesAsyncioPodApi(core_v1_api=CoreV1Api(client))
+        options = ListOptions(namespace="ns", label_selector="")
+        rotate(account / "token", "second")
+        with pytest.raises(KubernetesApiError) as refused:
+            await api.list_pod_page(options)
+        assert refused.value.code == 401
+        page = await api.list_pod_page(options)
     assert [p.metadata.name for p in page.pods] == ["a"]
     assert seen == ["Bearer first", "Bearer second"]
 
@@ -1240,45 +1259,29 @@ async def test_the_write_transport_sends_the_rotated_token_after_a_401(tmp_path:
     """The transport builds its headers once per credential, yet runs the token's refresh hook
     before every request: after a 401 the next write carries the file's new token, and the one
     after it keeps it."""
-    account = tmp_path / "serviceaccount"
-    account.mkdir()
-    (account / "token").write_text("first")
-    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
-    seen: list[str] = []
-
-    async def patch(request: web.Request) -> web.Response:
-        seen.append(request.headers.get("Authorization", ""))
-        if seen[-1] != "Bearer second":
-            return web.json_response({"kind": "Status", "reason": "Unauthorized"}, status=401)
-        return web.json_response({"kind": "ConfigMap", "metadata": {"name": "c"}})
-
-    app = web.Application()
-    app.router.add_patch("/api/v1/namespaces/{namespace}/configmaps/{name}", patch)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    environ = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
-    configuration = in_cluster_configuration(environ, account)
-    configuration.host = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    configuration.ssl_ca_cert = None
-    try:
-        async with ApiClient(configuration=configuration) as client:
-            transport = KubernetesAsyncioTransport(api_client=client)
-            statuses: list[int] = []
-            for value in ("1", "2", "3"):
-                response = await transport.request(
-                    "PATCH",
-                    "/api/v1/namespaces/ns/configmaps/c",
-                    query=[("fieldManager", "m")],
-                    body=b'{"data":{"v":"%s"}}' % value.encode(),
-                    content_type="application/merge-patch+json",
-                )
-                statuses.append(response.status)
-                if value == "1":
-                    rotate(account / "token", "second")
-    finally:
-        await runner.cleanup()
+    configmap = _accepting_only_the_second_token(
+        tmp_path,
+        "PATCH",
+        "/api/v1/namespaces/{namespace}/configmaps/{name}",
+        lambda: web.json_response({"kind": "ConfigMap", "metadata": {"name": "c"}}),
+    )
+    async with (
+        configmap as (configuration, account, seen),
+        ApiClient(configuration=configuration) as client,
+    ):
+        transport = KubernetesAsyncioTransport(api_client=client)
+        statuses: list[int] = []
+        for value in ("1", "2", "3"):
+            response = await transport.request(
+                "PATCH",
+                "/api/v1/namespaces/ns/configmaps/c",
+                query=[("fieldManager", "m")],
+                body=b'{"data":{"v":"%s"}}' % value.encode(),
+                content_type="application/merge-patch+json",
+            )
+            statuses.append(response.status)
+            if value == "1":
+                rotate(account / "token", "second")
     assert statuses == [401, 200, 200]
     assert seen == ["Bearer first", "Bearer second", "Bearer second"]
     assert response.headers["content-type"].startswith("application/json")
