@@ -29,3 +29,14 @@ def write_kubeconfig(path: Path, *, name: str, server: str, ca_cert: Path, token
     path.write_text(json.dumps(config, indent=2) + "\n")
     path.chmod(0o600)
     return path
+
+
+def with_token(kubeconfig: Path, token: str, path: Path) -> Path:
+    """A copy of ``kubeconfig`` at ``path`` whose every user authenticates by ``token`` alone (a
+    service account's, from a TokenRequest)."""
+    config = json.loads(kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from miles.utils.k8s_testenv import BinaryPaths, EnvSettings, api_client
+from miles.utils.k8s_testenv.kubeconfig import with_token
 
 pytestmark = pytest.mark.k8s_kind
 
@@ -306,14 +307,6 @@ async def test_watch_in_a_pseudo_terminal_redraws_the_pool_and_marks_the_change(
     assert code == 130
     assert stopped_after < 5.0, f"took {stopped_after:.2f}s to stop (bound: see test_cli_terminal)"
     assert "Traceback" not in stderr
-
-
-def with_token(kubeconfig: Path, token: str, path: Path) -> Path:
-    config = json.loads(kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": token}
-    path.write_text(json.dumps(config))
-    return path
 
 
 async def test_watch_forbidden_by_rbac_is_one_line_and_exit_2(

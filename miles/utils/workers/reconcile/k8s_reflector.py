@@ -136,7 +136,10 @@ NOT_SERVED_RETRY_SECONDS = 10.0
 group) or forbidden (403: RBAC) is tried again: controller-runtime's ``Kind`` source polls
 ``GetInformer`` every 10 s (``pkg/internal/source/kind.go``), so a CRD installed meanwhile is
 picked up within that."""
-_NOT_SERVED = {404: "not served", 403: "forbidden"}
+_NOT_SERVED = {
+    404: "not served: {} (a CRD not installed yet, or a typo in the group)",
+    403: "forbidden: {} (RBAC: no Role or ClusterRole lets this user list it)",
+}
 TOO_LARGE = "cursor too large"
 _SERVER_REVISION = re.compile(r"current: (\d+)")
 CONSISTENCY_CHECK = "consistency check"
@@ -416,10 +419,7 @@ def _not_served(err: BaseException, caps: _Caps) -> str | None:
     code = err.frame.code if isinstance(err, WatchErrorFrame) else getattr(err, "code", None)
     if code not in _NOT_SERVED:
         return None
-    return (
-        f"list {caps.resource}: {_NOT_SERVED[code]}: {one_line(err)}"
-        " (a CRD not installed yet, a typo in the group, or RBAC)"
-    )
+    return f"list {caps.resource}: " + _NOT_SERVED[code].format(one_line(err))
 
 
 def _after_failed_probe(state: _Probing, err: BaseException, caps: _Caps) -> _Decision:
