@@ -38,10 +38,8 @@ from miles.utils.workers.reconcile.examples.controller_process import (
 )
 from miles.utils.workers.reconcile.examples.controller_process import (
     ProcessConfig,
-    global_registry,
-    leader_elector,
+    connected,
     main_of,
-    manager_of,
     quiet_failures,
 )
 from miles.utils.workers.reconcile.examples.controller_process import (
@@ -284,43 +282,32 @@ def pairing_loop(
 async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[str, str]) -> int:
     from miles.utils.workers.reconcile.client import Client
     from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
-    from miles.utils.workers.reconcile.k8s_api import (
-        KubernetesAsyncioPodApi,
-        KubernetesAsyncioTransport,
-        kube_session,
-    )
-    from miles.utils.workers.reconcile.k8s_config import KubeTarget
+    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi
     from miles.utils.workers.reconcile.manager.manager import run_until_signalled
 
-    target = KubeTarget(kubeconfig=kubeconfig, namespace=config.namespace)
-    async with kube_session(target, environ) as session:
-        namespace = session.namespace
-        elector = leader_elector(
-            config.leader_election,
-            core_v1_api=session.core_v1_api,
-            namespace=namespace,
-            environ=environ,
-        )
-        client = Client(transport=KubernetesAsyncioTransport.beside(session.core_v1_api))
+    async with connected(config, kubeconfig, environ) as process:
+        client = Client(transport=process.transport)
         recorder = EventRecorder(sink=ClientEventSink(client), component=EVENT_COMPONENT)
         controller = ColocatePairing(
             client=client,
             recorder=recorder,
-            namespace=namespace,
+            namespace=process.namespace,
             config=config,
-            leadership=elector,
+            leadership=process.elector,
         )
         loop = pairing_loop(
             controller,
-            pod_api=KubernetesAsyncioPodApi(core_v1_api=session.core_v1_api),
-            namespace=namespace,
+            pod_api=KubernetesAsyncioPodApi(core_v1_api=process.core_v1_api),
+            namespace=process.namespace,
             selector=config.selector,
-            leadership=elector,
-            metrics=global_registry() if config.metrics_enabled else None,
+            leadership=process.elector,
+            metrics=process.metrics,
         )
-        manager = manager_of(config, loops=[loop], elector=elector)
+        manager = process.manager(loop)
         manager.readyz.add(PERMITTED_CHECK, controller.check)
-        logger.info("pairing pods in namespace %s (selector %r)", namespace, config.selector)
+        logger.info(
+            "pairing pods in namespace %s (selector %r)", process.namespace, config.selector
+        )
         async with recorder:
             return await run_until_signalled(manager)
 

@@ -1,7 +1,7 @@
 """What every example controller process shares: its configuration file's common part, the
-leader elector it builds from it, and its ``main``. Go: a kubebuilder ``cmd/main.go``'s flags and
-``ctrl.Options`` (``LeaderElection*``, ``HealthProbeBindAddress``, ``Metrics.BindAddress``,
-``GracefulShutdownTimeout``).
+leader elector it builds from it, the connection it runs on, and its ``main``. Go: a kubebuilder
+``cmd/main.go``'s flags and ``ctrl.Options`` (``LeaderElection*``, ``HealthProbeBindAddress``,
+``Metrics.BindAddress``, ``GracefulShutdownTimeout``).
 
 A process's configuration is one JSON object (a ConfigMap key in a Deployment): a
 ``ProcessConfig`` subclass adding the controller's own fields. The process connects with the
@@ -19,7 +19,9 @@ import os
 import socket
 import sys
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -147,6 +149,53 @@ def global_registry() -> Any:
     from prometheus_client import REGISTRY
 
     return REGISTRY
+
+
+@dataclass(frozen=True)
+class Connected:
+    """A process connected to its cluster, as ``connected`` yields it: the namespace it works in,
+    the ``CoreV1Api`` (and a write transport on its ``ApiClient``), and the leader elector
+    (``None`` when election is off). Go: what ``cmd/main.go`` holds after ``ctrl.NewManager``."""
+
+    config: ProcessConfig
+    namespace: str
+    core_v1_api: Any
+    transport: Any
+    elector: Any
+
+    @property
+    def metrics(self) -> Any:
+        """The registry a loop reports to; ``None`` when the metrics server is off."""
+        return global_registry() if self.config.metrics_enabled else None
+
+    def manager(self, *loops: Any) -> Any:
+        """The ``Manager`` running ``loops`` under this process's elector (``manager_of``)."""
+        return manager_of(self.config, loops=loops, elector=self.elector)
+
+
+@asynccontextmanager
+async def connected(
+    config: ProcessConfig, kubeconfig: str | None, environ: Mapping[str, str]
+) -> AsyncIterator[Connected]:
+    """The connection ``config`` and ``kubeconfig`` name (``k8s_api.kube_session``), with the
+    leader elector ``config`` asks for; closed on exit."""
+    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport, kube_session
+    from miles.utils.workers.reconcile.k8s_config import KubeTarget
+
+    target = KubeTarget(kubeconfig=kubeconfig, namespace=config.namespace)
+    async with kube_session(target, environ) as session:
+        yield Connected(
+            config=config,
+            namespace=session.namespace,
+            core_v1_api=session.core_v1_api,
+            transport=KubernetesAsyncioTransport.beside(session.core_v1_api),
+            elector=leader_elector(
+                config.leader_election,
+                core_v1_api=session.core_v1_api,
+                namespace=session.namespace,
+                environ=environ,
+            ),
+        )
 
 
 def quiet_failures(*explained: type[BaseException]) -> Callable[[logging.LogRecord], bool]:

@@ -41,10 +41,8 @@ from miles.utils.workers.reconcile.controllerutil import Finalizer, set_controll
 from miles.utils.workers.reconcile.examples.controller_process import (
     LeaderElectionConfig,
     ProcessConfig,
-    global_registry,
-    leader_elector,
+    connected,
     main_of,
-    manager_of,
     quiet_failures,
 )
 from miles.utils.workers.reconcile.k8s_errors import (
@@ -477,20 +475,9 @@ def engine_pool_loop(
 async def run(config: EnginePoolConfig, kubeconfig: str | None, environ: Mapping[str, str]) -> int:
     from miles.utils.workers.reconcile.client import Client
     from miles.utils.workers.reconcile.events import ClientEventSink, EventRecorder
-    from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport, kube_session
-    from miles.utils.workers.reconcile.k8s_config import KubeTarget
     from miles.utils.workers.reconcile.manager.manager import run_until_signalled
 
-    target = KubeTarget(kubeconfig=kubeconfig, namespace=config.namespace)
-    async with kube_session(target, environ) as session:
-        namespace = session.namespace
-        elector = leader_elector(
-            config.leader_election,
-            core_v1_api=session.core_v1_api,
-            namespace=namespace,
-            environ=environ,
-        )
-        transport = KubernetesAsyncioTransport.beside(session.core_v1_api)
+    async with connected(config, kubeconfig, environ) as process:
         pod_writes, pool_writes = OwnWrites(name="engine-pool"), OwnWrites(name="engine-pool")
         observers = (pod_writes.observer(PODS), pool_writes.observer(ENGINE_POOLS))
 
@@ -498,25 +485,27 @@ async def run(config: EnginePoolConfig, kubeconfig: str | None, environ: Mapping
             for observer in observers:
                 observer(resource, version)
 
-        client = Client(transport=transport, field_manager=EVENT_COMPONENT, on_write=wrote)
+        client = Client(transport=process.transport, field_manager=EVENT_COMPONENT, on_write=wrote)
         recorder = EventRecorder(
-            sink=ClientEventSink(Client(transport=transport)), component=EVENT_COMPONENT
+            sink=ClientEventSink(Client(transport=process.transport)), component=EVENT_COMPONENT
         )
         operator = EnginePoolOperator(
-            client=client, recorder=recorder, namespace=namespace, leadership=elector
+            client=client,
+            recorder=recorder,
+            namespace=process.namespace,
+            leadership=process.elector,
         )
         loop = engine_pool_loop(
             operator,
-            core_v1_api=session.core_v1_api,
-            namespace=namespace,
-            leadership=elector,
-            metrics=global_registry() if config.metrics_enabled else None,
+            core_v1_api=process.core_v1_api,
+            namespace=process.namespace,
+            leadership=process.elector,
+            metrics=process.metrics,
             own_writes=((pod_writes, PODS), (pool_writes, ENGINE_POOLS)),
         )
-        manager = manager_of(config, loops=[loop], elector=elector)
-        logger.info("operating EnginePools in namespace %s", namespace)
+        logger.info("operating EnginePools in namespace %s", process.namespace)
         async with recorder:
-            return await run_until_signalled(manager)
+            return await run_until_signalled(process.manager(loop))
 
 
 without_traceback = quiet_failures(NotLeadingError)
