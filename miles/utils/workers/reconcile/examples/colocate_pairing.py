@@ -37,13 +37,19 @@ from miles.utils.workers.reconcile.examples.controller_process import (
     ConfigError as ConfigError,
 )
 from miles.utils.workers.reconcile.examples.controller_process import (
+    ExplainedFailure,
     ProcessConfig,
     connected,
     main_of,
-    quiet_failures,
+)
+from miles.utils.workers.reconcile.examples.controller_process import (
+    NotLeadingError as NotLeadingError,
 )
 from miles.utils.workers.reconcile.examples.controller_process import (
     identity_of as identity_of,
+)
+from miles.utils.workers.reconcile.examples.controller_process import (
+    without_traceback as without_traceback,
 )
 from miles.utils.workers.reconcile.k8s_errors import (
     ConflictError,
@@ -112,11 +118,7 @@ class Pairing:
     released: tuple[str, ...] = ()
 
 
-class NotLeadingError(RuntimeError):
-    """A patch was about to be sent while this process does not lead; none was sent."""
-
-
-class PairingForbiddenError(RuntimeError):
+class PairingForbiddenError(ExplainedFailure):
     """Authorization refused the patch; the loop retries the trainer with its backoff."""
 
 
@@ -312,19 +314,9 @@ async def run(config: PairingConfig, kubeconfig: str | None, environ: Mapping[st
             return await run_until_signalled(manager)
 
 
-without_traceback = quiet_failures(PairingForbiddenError, NotLeadingError)
-"""A logging filter: the loop's line for a refusal this module explains carries no stack, so
-each attempt is one line (the loop's, with its retry delay)."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     return main_of(
-        prog="colocate_pairing",
-        description=__doc__.split("\n")[0],
-        config=PairingConfig,
-        run=run,
-        log_filter=without_traceback,
-        argv=argv,
+        prog="colocate_pairing", description=__doc__, config=PairingConfig, run=run, argv=argv
     )
 
 

@@ -211,6 +211,19 @@ def quiet_failures(*explained: type[BaseException]) -> Callable[[logging.LogReco
     return without_traceback
 
 
+class ExplainedFailure(RuntimeError):
+    """A failure whose message says what happened and what to do: the loop logs it as one line,
+    without a stack (``main_of`` installs ``without_traceback``), and retries with its backoff."""
+
+
+class NotLeadingError(ExplainedFailure):
+    """A write was about to be sent while this process does not lead; none was sent."""
+
+
+without_traceback = quiet_failures(ExplainedFailure)
+"""A logging filter: the loop's line for an ``ExplainedFailure`` carries no stack."""
+
+
 def parse_args(prog: str, description: str, argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", type=Path, help="a JSON configuration (default: all defaults)")
@@ -230,13 +243,17 @@ def main_of(
     argv: Sequence[str] | None = None,
 ) -> int:
     """A process's ``main``: logging, the flags, the configuration, ``run`` until a signal; a
-    failure to start is one line on stderr and exit status 1, never a traceback."""
+    failure to start is one line on stderr and exit status 1, never a traceback. The first line
+    of ``description`` (a module's docstring, say) is the ``--help`` text. The loop's lines for an
+    ``ExplainedFailure`` carry no stack; ``log_filter`` filters them too."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if log_filter is not None:
-        logging.getLogger("miles.utils.workers.reconcile.loop").addFilter(log_filter)
-    args = parse_args(prog, description, argv)
+    loop_logger = logging.getLogger("miles.utils.workers.reconcile.loop")
+    for installed in (without_traceback, log_filter):
+        if installed is not None:
+            loop_logger.addFilter(installed)
+    args = parse_args(prog, description.split("\n")[0], argv)
     try:
         loaded = config() if args.config is None else load_config(args.config, config)
         return asyncio.run(run(loaded, args.kubeconfig, os.environ))

@@ -43,7 +43,12 @@ from miles.utils.workers.reconcile.examples.controller_process import (
     ProcessConfig,
     connected,
     main_of,
-    quiet_failures,
+)
+from miles.utils.workers.reconcile.examples.controller_process import (
+    NotLeadingError as NotLeadingError,
+)
+from miles.utils.workers.reconcile.examples.controller_process import (
+    without_traceback as without_traceback,
 )
 from miles.utils.workers.reconcile.k8s_errors import (
     AlreadyExistsError,
@@ -120,10 +125,6 @@ class EventRecording(Protocol):
     def record(
         self, obj: Mapping[str, Any], event_type: str, reason: str, message: str
     ) -> None: ...
-
-
-class NotLeadingError(RuntimeError):
-    """A write was about to be sent while this process does not lead; none was sent."""
 
 
 @dataclass(frozen=True)
@@ -508,19 +509,9 @@ async def run(config: EnginePoolConfig, kubeconfig: str | None, environ: Mapping
             return await run_until_signalled(process.manager(loop))
 
 
-without_traceback = quiet_failures(NotLeadingError)
-"""A logging filter: the loop's line for a write refused because this process stopped leading
-carries no stack."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     return main_of(
-        prog="engine_pool",
-        description=__doc__.split("\n")[0],
-        config=EnginePoolConfig,
-        run=run,
-        log_filter=without_traceback,
-        argv=argv,
+        prog="engine_pool", description=__doc__, config=EnginePoolConfig, run=run, argv=argv
     )
 
 
