@@ -44,23 +44,10 @@ def _parent(obj: Any) -> str | None:
 
 
 async def _list_bytes(api: Any) -> float:
-    response = await api.call_api(
-        "/metrics",
-        "GET",
-        auth_settings=["BearerToken"],
-        response_types_map={},
-        _preload_content=False,
-    )
-    text = (await response.read()).decode()
-    total = 0.0
-    for line in text.splitlines():
-        if (
-            line.startswith("apiserver_response_sizes_sum{")
-            and 'resource="pods"' in line
-            and 'verb="LIST"' in line
-        ):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    from miles.utils.k8s_testenv.apiserver_metrics import apiserver_metrics, series_sum
+
+    text = await apiserver_metrics(api)
+    return series_sum(text, "apiserver_response_sizes_sum", 'resource="pods"', 'verb="LIST"')
 
 
 async def _phase_is(loop: Any, relisting: bool) -> None:

@@ -20,12 +20,21 @@ async def apiserver_metrics(api_client: Any) -> str:
     return str((await response.read()).decode())
 
 
+def series_sum(text: str, name: str, *labels: str) -> float:
+    """The sum of the ``name`` samples in the ``/metrics`` ``text`` whose labels include every one
+    of ``labels`` (each written as it stands there: ``'verb="LIST"'``)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(f"{name}{{") and all(label in line for label in labels)
+    )
+
+
 async def apiserver_requests(api_client: Any, resource: str, *verbs: str) -> dict[str, int]:
     """``apiserver_request_total`` on ``resource``, summed for each verb."""
-    counts = dict.fromkeys(verbs, 0)
-    for line in (await apiserver_metrics(api_client)).splitlines():
-        if line.startswith("apiserver_request_total{") and f'resource="{resource}"' in line:
-            for verb in counts:
-                if f'verb="{verb}"' in line:
-                    counts[verb] += int(float(line.rsplit(" ", 1)[1]))
-    return counts
+    text = await apiserver_metrics(api_client)
+    total = "apiserver_request_total"
+    return {
+        verb: int(series_sum(text, total, f'resource="{resource}"', f'verb="{verb}"'))
+        for verb in verbs
+    }

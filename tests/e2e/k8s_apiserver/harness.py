@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kubernetes_asyncio import client
 
-from miles.utils.k8s_testenv.apiserver_metrics import apiserver_metrics
+from miles.utils.k8s_testenv.apiserver_metrics import apiserver_metrics, series_sum
 from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
@@ -66,13 +66,8 @@ async def eventually(
 async def open_namespaced_pod_watches(api_client: Any) -> int:
     """The apiserver's own count of WATCH requests on namespaced pods that are open right now."""
     text = await apiserver_metrics(api_client)
-    prefix = "apiserver_longrunning_requests{"
     labels = ('resource="pods"', 'scope="namespace"', 'verb="WATCH"', 'subresource=""')
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith(prefix) and all(label in line for label in labels)
-    )
+    return int(series_sum(text, "apiserver_longrunning_requests", *labels))
 
 
 def pod_manifest(name: str, *, cell: str | None, selected: bool = True) -> dict[str, Any]:
