@@ -7,20 +7,19 @@ import json
 from pathlib import Path
 
 
-def write_kubeconfig(path: Path, *, name: str, server: str, ca_cert: Path, token: str) -> Path:
-    """A self-contained kubeconfig (JSON is valid YAML) with TLS verification against `ca_cert`."""
+def write_kubeconfig(
+    path: Path, *, name: str, server: str, ca_cert: Path | None, token: str
+) -> Path:
+    """A self-contained kubeconfig (JSON is valid YAML) with TLS verification against `ca_cert`;
+    without one, a kubeconfig naming only the server and the token (for a server that is not
+    there, or that never answers)."""
+    cluster = {"server": server}
+    if ca_cert is not None:
+        cluster["certificate-authority-data"] = base64.b64encode(ca_cert.read_bytes()).decode()
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": name,
-                "cluster": {
-                    "server": server,
-                    "certificate-authority-data": base64.b64encode(ca_cert.read_bytes()).decode(),
-                },
-            }
-        ],
+        "clusters": [{"name": name, "cluster": cluster}],
         "users": [{"name": f"{name}-admin", "user": {"token": token}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
         "current-context": name,

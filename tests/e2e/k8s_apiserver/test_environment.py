@@ -37,6 +37,7 @@ from miles.utils.k8s_testenv import (
 )
 from miles.utils.k8s_testenv.binaries import go_executable
 from miles.utils.k8s_testenv.etcd import Etcd
+from miles.utils.k8s_testenv.kubeconfig import write_kubeconfig
 from miles.utils.k8s_testenv.ports import LOOPBACK, free_ports
 
 pytestmark = pytest.mark.k8s_apiserver
@@ -194,18 +195,12 @@ def test_missing_go_toolchain_is_a_prerequisite_error(monkeypatch: pytest.Monkey
 
 async def test_kubeconfig_pointing_nowhere_is_one_clear_error(tmp_path: Path) -> None:
     port = free_ports(1)[0]
-    kubeconfig = tmp_path / "nowhere.kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"https://{LOOPBACK}:{port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
+    kubeconfig = write_kubeconfig(
+        tmp_path / "nowhere.kubeconfig",
+        name="nowhere",
+        server=f"https://{LOOPBACK}:{port}",
+        ca_cert=None,
+        token="t",
     )
     with pytest.raises(ClusterUnreachableError, match=rf"server https://{LOOPBACK}:{port} does"):
         await check_reachable(kubeconfig)

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from miles.utils.k8s_testenv import EnvSettings
+from miles.utils.k8s_testenv.kubeconfig import write_kubeconfig
 from tests.e2e.k8s_kind.test_cli import (
     APP_SELECTOR,
     CELL_LABEL,
@@ -76,19 +77,8 @@ async def first_connection(server: socket.socket) -> socket.socket:
 
 
 def silent_kubeconfig(path: Path, port: int) -> Path:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    return path
+    server = f"http://127.0.0.1:{port}"
+    return write_kubeconfig(path, name="silent", server=server, ca_cert=None, token="t")
 
 
 def stranger_certificate(folder: Path) -> str:

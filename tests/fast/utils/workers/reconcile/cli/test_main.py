@@ -3,11 +3,11 @@ can act on is one line and exit 2."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
+from miles.utils.k8s_testenv.kubeconfig import write_kubeconfig
 from miles.utils.workers.reconcile import cli
 
 
@@ -56,18 +56,9 @@ def test_main_without_kubeconfig_prints_one_line_and_exits_2(
 def test_main_against_a_closed_port_prints_one_line_and_exits_2(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
+    closed = "http://127.0.0.1:1"
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", name="closed", server=closed, ca_cert=None, token="t"
     )
     code = cli.main(
         ["watch", "--kubeconfig", str(kubeconfig), "--selector", "app=x", "--parent-label", "cell"]
