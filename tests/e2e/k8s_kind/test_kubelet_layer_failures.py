@@ -70,31 +70,36 @@ def _kwok(
     )
 
 
+def _failed_start(
+    plane: LocalControlPlane, tmp_path: Path, node_name: str, script: str, *, timeout: float
+) -> tuple[str, float]:
+    """A fake KWOK running ``script`` started on its own node: the start's error message, and
+    the seconds it took to fail."""
+    binary = _fake_kwok(tmp_path, script)
+    started = time.monotonic()
+    with pytest.raises(ComponentStartError) as failed:
+        _kwok(plane, binary, tmp_path, node_name, timeout=timeout).start()
+    return str(failed.value), time.monotonic() - started
+
+
 def test_kwok_crashing_at_start_fails_with_its_exit_code_and_log(
     plane: LocalControlPlane, tmp_path: Path, node_name: str
 ) -> None:
-    binary = _fake_kwok(tmp_path, 'echo "kwok: simulated crash" >&2; exit 3')
-    started = time.monotonic()
-    with pytest.raises(ComponentStartError) as failed:
-        _kwok(plane, binary, tmp_path, node_name, timeout=30).start()
-    message = str(failed.value)
+    crash = 'echo "kwok: simulated crash" >&2; exit 3'
+    message, seconds = _failed_start(plane, tmp_path, node_name, crash, timeout=30)
     assert f"waiting for fake node {node_name} to report Ready" in message
     assert "exited with code 3" in message
     assert "simulated crash" in message
-    assert time.monotonic() - started < 15
+    assert seconds < 15
 
 
 def test_node_that_never_becomes_ready_fails_naming_node_and_time(
     plane: LocalControlPlane, tmp_path: Path, node_name: str
 ) -> None:
-    binary = _fake_kwok(tmp_path, "exec sleep 600")
-    started = time.monotonic()
-    with pytest.raises(ComponentStartError) as failed:
-        _kwok(plane, binary, tmp_path, node_name, timeout=3).start()
-    message = str(failed.value)
+    message, seconds = _failed_start(plane, tmp_path, node_name, "exec sleep 600", timeout=3)
     assert f"waiting for fake node {node_name} to report Ready" in message
     assert "not ready after 3s" in message
-    assert time.monotonic() - started < 20
+    assert seconds < 20
 
 
 async def test_kwok_dying_mid_run_fails_a_wait_at_once(
