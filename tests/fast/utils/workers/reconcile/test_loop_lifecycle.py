@@ -27,17 +27,11 @@ BOOM = RuntimeError("boom")
 TABLE = [
     (P.NEW, _Event.START, P.STARTING),
     (P.STARTING, _Event.SYNCED, P.RUNNING),
-    (P.RUNNING, _Event.DRAIN, P.DRAINING),
-    (P.STARTING, _Event.DRAIN, P.DRAINING),
     (P.DRAINING, _Event.SYNCED, P.DRAINING),
-    (P.DRAINING, _Event.DRAIN, P.DRAINING),
-    (P.NEW, _Event.STOP, P.STOPPING),
-    (P.RUNNING, _Event.STOP, P.STOPPING),
-    (P.DRAINING, _Event.STOP, P.STOPPING),
-    (P.DIED, _Event.STOP, P.STOPPING),
     (P.STOPPING, _Event.STOPPED, P.STOPPED),
-    (P.STOPPED, _Event.DRAIN, P.STOPPED),
-    (P.DIED, _Event.DRAIN, P.DIED),
+    *[(live, _Event.DRAIN, P.DRAINING) for live in (P.RUNNING, P.STARTING, P.DRAINING)],
+    *[(stoppable, _Event.STOP, P.STOPPING) for stoppable in (P.NEW, P.RUNNING, P.DRAINING, P.DIED)],
+    *[(ended, _Event.DRAIN, ended) for ended in (P.STOPPED, P.DIED)],
 ]
 
 
