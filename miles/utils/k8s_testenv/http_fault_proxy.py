@@ -17,9 +17,10 @@ the rest of open responses (the connection is never closed), `CutAfterForward` s
 to the apiserver and resets the client before any byte of the answer, `CorruptChunk` breaks the
 next chunk of a chunked response (new or open) with a bad chunk-size line or a chunk not ended by
 CRLF, and then holds the connection open; `RewriteFrame` forwards the next pod frame of a watch
-(ADDED, MODIFIED or DELETED) rewritten (`without_name` and `cut_in_name` are two rewrites). A
-`Match` can pick one client by its User-Agent, and `RewriteFrame` and `CorruptChunk` one pod's
-frames.
+(ADDED, MODIFIED or DELETED) rewritten (`without_name` and `cut_in_name` are two rewrites),
+`Delay` forwards each chunk of a streaming response a fixed time after it arrived (a watch whose
+frames reach the client late; `delay_line` is how). A `Match` can pick one client by its
+User-Agent, and `RewriteFrame` and `CorruptChunk` one pod's frames.
 `freeze()` stops the responses streaming now (a watch) where they are, connections kept open,
 while new requests go through: a NAT entry expired under a watch.
 Every request is recorded in `requests` (bounded), with what the proxy did to it.
@@ -34,13 +35,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import json
+import math
 import re
 import ssl
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -51,6 +54,7 @@ from miles.utils.k8s_testenv.errors import K8sTestEnvError
 from miles.utils.k8s_testenv.loop_thread import LoopThread
 from miles.utils.k8s_testenv.ports import LOOPBACK
 from miles.utils.k8s_testenv.tcp_proxy import reset_transport
+from miles.utils.workers.reconcile.clock import Clock, RealClock
 
 _HEAD_LIMIT = 1024 * 1024
 _PIECE = 64 * 1024
@@ -215,6 +219,72 @@ class RewriteFrame:
         return f"frame {self.what}"
 
 
+@dataclass(frozen=True)
+class Delay:
+    """Forward each chunk of a streaming response (a watch's frames) `seconds` after the proxy
+    read it from the apiserver, in order: a client whose cache lags the apiserver by `seconds`.
+    The response is read on meanwhile, so the lag stays `seconds` over a burst instead of adding
+    up. A response is read through the delay line if the fault is live when it begins; each
+    chunk is held if the fault is still live when it arrives (`count` counts chunks)."""
+
+    seconds: float
+
+    def describe(self) -> str:
+        return f"delayed {self.seconds:g}s"
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk of a chunked response as the apiserver sent it; the last has no data and may
+    carry trailers."""
+
+    size_line: bytes
+    data: bytes = b""
+    trailers: bytes = b""
+
+    @property
+    def last(self) -> bool:
+        return not self.data
+
+    def encoded(self) -> bytes:
+        if self.last:
+            return self.size_line + b"\r\n" + self.trailers + b"\r\n"
+        return self.size_line + b"\r\n" + self.data + b"\r\n"
+
+
+async def delay_line(
+    chunks: AsyncIterator[Chunk], hold: Callable[[Chunk], float], *, clock: Clock
+) -> AsyncGenerator[Chunk, None]:
+    """`chunks`, read ahead as they arrive, each yielded `hold(chunk)` seconds after its arrival
+    and never before the one ahead of it. An error reading them is raised after the chunks that
+    arrived before it."""
+    line: asyncio.Queue[tuple[float, Chunk] | Exception | None] = asyncio.Queue()
+
+    async def read() -> None:
+        try:
+            async for chunk in chunks:
+                line.put_nowait((clock.time() + hold(chunk), chunk))
+        except Exception as err:
+            line.put_nowait(err)
+        else:
+            line.put_nowait(None)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        due = -math.inf
+        while (arrived := await line.get()) is not None:
+            if isinstance(arrived, Exception):
+                raise arrived
+            due = max(due, arrived[0])
+            if (wait := due - clock.time()) > 0:
+                await clock.sleep(wait)
+            yield arrived[1]
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+
+
 _POD_FRAME_OPENINGS = tuple(b'{"type":"%s"' % kind for kind in (b"ADDED", b"MODIFIED", b"DELETED"))
 _NAME_OPENING = b'"name":"'
 
@@ -243,7 +313,7 @@ def frame_about(chunk: bytes, pod: str) -> bool:
         return False
 
 
-Action = Respond | BlackHole | CorruptChunk | RewriteFrame | CutAfterForward
+Action = Respond | BlackHole | CorruptChunk | RewriteFrame | CutAfterForward | Delay
 
 
 @dataclass(eq=False)
@@ -595,38 +665,54 @@ class HttpFaultProxy:
         self, head: RequestHead, upstream: asyncio.StreamReader, connection: _Connection
     ) -> None:
         client = connection.client
-        while True:
-            size_line = await _read_line(upstream)
-            self._hold_if_frozen(head, connection)
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-            if size == 0:
-                trailers = b""
-                while line := await _read_line(upstream):
-                    trailers += line + b"\r\n"
-                connection.send(size_line + b"\r\n" + trailers + b"\r\n")
-                await client.drain()
-                return
-            data = await upstream.readexactly(size)
-            await upstream.readexactly(2)
-            if client.is_closing():
-                # The client went away while the proxy waited on the apiserver: this watch must
-                # not take a fault meant for the client's next one.
-                raise _Close
-            if data.startswith(_POD_FRAME_OPENINGS):
-                rewrite = self._take(head, (RewriteFrame,), data)
-                if isinstance(rewrite, RewriteFrame):
-                    data = rewrite.rewrite(data)
-                    self._record(head, f"response {rewrite.describe()}")
-                    size_line = b"%x" % len(data)
-            action = self._take(head, (BlackHole, CorruptChunk), data)
-            if isinstance(action, CorruptChunk):
-                connection.send(action.breakage(data))
-                await client.drain()
-            if action is not None:
-                self._record(head, f"response {action.describe()}")
-                raise _Hold
-            connection.send(size_line + b"\r\n" + data + b"\r\n")
-            await client.drain()
+        chunks = _read_chunks(upstream)
+        if self._delaying(head):
+            chunks = delay_line(chunks, lambda chunk: self._hold(head, chunk), clock=RealClock())
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                self._hold_if_frozen(head, connection)
+                if chunk.last:
+                    connection.send(chunk.encoded())
+                    await client.drain()
+                    return
+                if client.is_closing():
+                    # The client went away while the proxy waited on the apiserver: this watch
+                    # must not take a fault meant for the client's next one.
+                    raise _Close
+                await self._send_chunk(head, chunk, connection)
+
+    async def _send_chunk(self, head: RequestHead, chunk: Chunk, connection: _Connection) -> None:
+        data = chunk.data
+        if data.startswith(_POD_FRAME_OPENINGS):
+            rewrite = self._take(head, (RewriteFrame,), data)
+            if isinstance(rewrite, RewriteFrame):
+                data = rewrite.rewrite(data)
+                self._record(head, f"response {rewrite.describe()}")
+                chunk = Chunk(size_line=b"%x" % len(data), data=data)
+        action = self._take(head, (BlackHole, CorruptChunk), data)
+        if isinstance(action, CorruptChunk):
+            connection.send(action.breakage(data))
+            await connection.client.drain()
+        if action is not None:
+            self._record(head, f"response {action.describe()}")
+            raise _Hold
+        connection.send(chunk.encoded())
+        await connection.client.drain()
+
+    def _delaying(self, head: RequestHead) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            return any(
+                isinstance(fault.action, Delay) and fault.live(now) and fault.match(head)
+                for fault in self._faults
+            )
+
+    def _hold(self, head: RequestHead, chunk: Chunk) -> float:
+        delay = self._take(head, (Delay,), chunk.data)
+        if not isinstance(delay, Delay):
+            return 0.0
+        self._record(head, f"response {delay.describe()}")
+        return delay.seconds
 
     async def _pump_length(
         self,
@@ -698,6 +784,22 @@ def _upstream_of(config: Any, path: Path) -> _Upstream:
 
 async def _read_line(reader: asyncio.StreamReader) -> bytes:
     return (await reader.readuntil(b"\r\n"))[:-2]
+
+
+async def _read_chunks(reader: asyncio.StreamReader) -> AsyncGenerator[Chunk, None]:
+    """The chunks of a chunked response body, up to and including the last."""
+    while True:
+        size_line = await _read_line(reader)
+        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            trailers = b""
+            while line := await _read_line(reader):
+                trailers += line + b"\r\n"
+            yield Chunk(size_line=size_line, trailers=trailers)
+            return
+        data = await reader.readexactly(size)
+        await reader.readexactly(2)
+        yield Chunk(size_line=size_line, data=data)
 
 
 def _parse_headers(lines: list[bytes]) -> dict[str, str]:
