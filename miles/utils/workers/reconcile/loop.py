@@ -9,7 +9,6 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from miles.utils.workers.reconcile.arguments import (
@@ -413,12 +412,7 @@ class ReconcileLoop:
         self._owner = asyncio.current_task()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         owner, cancelled_by_us = self._owner, self._state.cancelled_owner
         self._owner = None
         if cancelled_by_us and owner is not None:

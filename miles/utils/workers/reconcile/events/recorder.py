@@ -22,7 +22,6 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Protocol
 
 from pydantic import BaseModel
@@ -179,12 +178,7 @@ class EventRecorder:
         self._task = asyncio.create_task(self._run(), name=f"event-recorder-{self._component}")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self._closing = True
         self._closed.set()
         task = self._task

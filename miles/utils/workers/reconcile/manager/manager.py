@@ -185,12 +185,7 @@ class Manager:
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         overran = await self._shut_down()
         # Go: a zero GracefulShutdownTimeout cuts runnables short without an error.
         if overran and exc_type is None and self._grace != 0:
