@@ -66,14 +66,8 @@ class MetricsProvider(Protocol):
 
 
 class NoMetrics:
-    """The default provider: nothing is measured. Go: ``noopMetricsProvider``."""
+    """The default provider: nothing is measured, whatever the loop passes. Go:
+    ``noopMetricsProvider``."""
 
-    def loop_metrics(
-        self,
-        name: str,
-        *,
-        clock: Clock,
-        source_status: Callable[[], SourceStatus],
-        max_concurrent_reconciles: int = 1,
-    ) -> LoopMetrics | None:
+    def loop_metrics(self, name: str, **_: object) -> LoopMetrics | None:
         return None
