@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from miles.utils.workers.reconcile.source_event import (
@@ -27,28 +28,20 @@ logger = logging.getLogger("bench.apiserver.ka")
 CURSOR_REJECTED = frozenset({410, 504})
 
 
+@dataclass(frozen=True, kw_only=True)
 class KubernetesAsyncioModelReflector:
     """A ``SourceWatchFn`` whose objects are ``kubernetes_asyncio`` ``V1Pod`` models."""
 
-    def __init__(
-        self,
-        *,
-        core_v1_api: Any,
-        namespace: str,
-        label_selector: str,
-        watch_timeout_seconds: int = 300,
-        retry_delay: float = 1.0,
-    ) -> None:
-        self._core = core_v1_api
-        self._namespace = namespace
-        self._label_selector = label_selector
-        self._watch_timeout_seconds = watch_timeout_seconds
-        self._retry_delay = retry_delay
+    core_v1_api: Any
+    namespace: str
+    label_selector: str
+    watch_timeout_seconds: int = 300
+    retry_delay: float = 1.0
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
         while True:
-            listed = await self._core.list_namespaced_pod(
-                self._namespace, label_selector=self._label_selector
+            listed = await self.core_v1_api.list_namespaced_pod(
+                self.namespace, label_selector=self.label_selector
             )
             yield ReplaceEvent({pod.metadata.name: pod for pod in listed.items or ()})
             cursor: str = listed.metadata.resource_version
@@ -64,7 +57,7 @@ class KubernetesAsyncioModelReflector:
                     relist = True
                 except Exception as err:
                     logger.warning("watch from %s failed, retrying: %r", cursor, err)
-                    await asyncio.sleep(self._retry_delay)
+                    await asyncio.sleep(self.retry_delay)
                 finally:
                     await follow.aclose()
 
@@ -75,12 +68,12 @@ class KubernetesAsyncioModelReflector:
         watch = Watch()
         try:
             stream = watch.stream(
-                self._core.list_namespaced_pod,
-                self._namespace,
-                label_selector=self._label_selector,
+                self.core_v1_api.list_namespaced_pod,
+                self.namespace,
+                label_selector=self.label_selector,
                 resource_version=cursor,
                 allow_watch_bookmarks=True,
-                timeout_seconds=self._watch_timeout_seconds,
+                timeout_seconds=self.watch_timeout_seconds,
             )
             async for frame in stream:
                 kind = frame["type"]
