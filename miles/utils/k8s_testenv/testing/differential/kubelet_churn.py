@@ -16,6 +16,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from miles.utils.k8s_testenv.kubelet import crash_engine, engine_container, set_engine_health
@@ -45,45 +46,33 @@ class ChurnFailed(RuntimeError):
     """The kubelet did not write a state the churn waited for (names the pod and what it saw)."""
 
 
+@dataclass(kw_only=True)
 class KubeletChurn:
     """`await churn.crash()`, `.graceful_delete()`, `.recreate()`, `.flip_readiness()`; `aclose()`
     deletes what it created."""
 
-    def __init__(
-        self,
-        *,
-        core: Any,
-        apps: Any,
-        namespace: str,
-        node: RealNode,
-        rng: random.Random,
-        labels: Labels,
-        parent_label: str,
-        checkpoint: Checkpoint,
-        stats: Stats,
-    ) -> None:
-        self._core = core
-        self._apps = apps
-        self._namespace = namespace
-        self._node = node
-        self._rng = rng
-        self._labels = labels
-        self._parent_label = parent_label
-        self._checkpoint = checkpoint
-        self._stats = stats
-        self._started = False
+    core: Any
+    apps: Any
+    namespace: str
+    node: RealNode
+    rng: random.Random
+    labels: Labels
+    parent_label: str
+    checkpoint: Checkpoint
+    stats: Stats
+    _started: bool = field(default=False, init=False)
 
     @property
     def backend(self) -> str:
-        return f"real node {self._node.node_name}"
+        return f"real node {self.node.node_name}"
 
     async def crash(self) -> int:
         """Two crashes with seeded exit codes: the first restarts the container with its code in
         `lastState.terminated`, the second puts it in CrashLoopBackOff (at most the 5 s cap)."""
         name = await self._choose(BARE_NAMES + SET_NAMES)
         before = _restarts(await self._read(name))
-        first, second = self._rng.sample(range(2, 100), 2)
-        await crash_engine(self._core, namespace=self._namespace, name=name, exit_code=first)
+        first, second = self.rng.sample(range(2, 100), 2)
+        await crash_engine(self.core, namespace=self.namespace, name=name, exit_code=first)
         await self._until(
             name,
             lambda pod: _restarts(pod) > before and _last_exit(pod) == first and _running(pod),
@@ -91,7 +80,7 @@ class KubeletChurn:
         )
         agreed = await self._agree(f"{name} restarted after exit code {first}")
         self._count(agreed, name, "restarted-with-exit-code", lambda r: r.endswith(f"last={first}"))
-        await crash_engine(self._core, namespace=self._namespace, name=name, exit_code=second)
+        await crash_engine(self.core, namespace=self.namespace, name=name, exit_code=second)
         await self._until(
             name,
             lambda pod: _last_exit(pod) == second,
@@ -107,8 +96,8 @@ class KubeletChurn:
         terminating pod, then its absence, then a bare pod under the same name (a new uid)."""
         name = await self._choose(BARE_NAMES)
         old_uid = (await self._read(name)).metadata.uid
-        await self._core.delete_namespaced_pod(
-            name, self._namespace, grace_period_seconds=GRACE_SECONDS
+        await self.core.delete_namespaced_pod(
+            name, self.namespace, grace_period_seconds=GRACE_SECONDS
         )
         await self._until(name, lambda pod: pod.metadata.deletion_timestamp is not None, "deleting")
         agreed = await self._agree(f"{name} terminating")
@@ -116,7 +105,7 @@ class KubeletChurn:
         await self._until_gone(name, GRACE_SECONDS + _KUBELET_SECONDS)
         agreed = await self._agree(f"{name} gone")
         if name not in agreed:
-            self._stats.kubelet["gone"] += 1
+            self.stats.kubelet["gone"] += 1
         await self._create_bare(name)
         await self._until_recreated(name, old_uid)
         return 1
@@ -125,8 +114,8 @@ class KubeletChurn:
         """A StatefulSet pod deleted: its controller brings the same name back with a new uid."""
         name = await self._choose(SET_NAMES)
         old_uid = (await self._read(name)).metadata.uid
-        await self._core.delete_namespaced_pod(
-            name, self._namespace, grace_period_seconds=GRACE_SECONDS
+        await self.core.delete_namespaced_pod(
+            name, self.namespace, grace_period_seconds=GRACE_SECONDS
         )
         await self._until_recreated(name, old_uid)
         return 1
@@ -134,11 +123,11 @@ class KubeletChurn:
     async def flip_readiness(self) -> int:
         """The readiness probe fails (Ready False, the container running), then passes again."""
         name = await self._choose(BARE_NAMES + SET_NAMES)
-        await set_engine_health(self._core, namespace=self._namespace, name=name, healthy=False)
+        await set_engine_health(self.core, namespace=self.namespace, name=name, healthy=False)
         await self._until(name, lambda pod: _running(pod) and not _ready(pod), "running, not ready")
         agreed = await self._agree(f"{name} not ready")
         self._count(agreed, name, "not-ready", lambda r: r.startswith("Running ready=False"))
-        await set_engine_health(self._core, namespace=self._namespace, name=name, healthy=True)
+        await set_engine_health(self.core, namespace=self.namespace, name=name, healthy=True)
         await self._until(name, _running_and_ready, "ready again")
         return 1
 
@@ -149,12 +138,12 @@ class KubeletChurn:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            await self._apps.delete_namespaced_stateful_set(
-                SET_NAME, self._namespace, propagation_policy="Background"
+            await self.apps.delete_namespaced_stateful_set(
+                SET_NAME, self.namespace, propagation_policy="Background"
             )
-            await self._core.delete_collection_namespaced_pod(
-                self._namespace,
-                label_selector=f"{self._parent_label} in ({BARE_PARENT},{SET_PARENT})",
+            await self.core.delete_collection_namespaced_pod(
+                self.namespace,
+                label_selector=f"{self.parent_label} in ({BARE_PARENT},{SET_PARENT})",
                 grace_period_seconds=0,
             )
         except (ApiException, OSError):
@@ -166,8 +155,8 @@ class KubeletChurn:
         self._started = True
         for name in BARE_NAMES:
             await self._create_bare(name)
-        await self._apps.create_namespaced_stateful_set(
-            self._namespace,
+        await self.apps.create_namespaced_stateful_set(
+            self.namespace,
             {
                 "apiVersion": "apps/v1",
                 "kind": "StatefulSet",
@@ -176,9 +165,9 @@ class KubeletChurn:
                     "replicas": len(SET_NAMES),
                     "serviceName": SET_NAME,
                     "podManagementPolicy": "Parallel",
-                    "selector": {"matchLabels": self._labels(SET_PARENT)},
+                    "selector": {"matchLabels": self.labels(SET_PARENT)},
                     "template": {
-                        "metadata": {"labels": self._labels(SET_PARENT)},
+                        "metadata": {"labels": self.labels(SET_PARENT)},
                         "spec": self._engine_spec(),
                     },
                 },
@@ -190,7 +179,7 @@ class KubeletChurn:
 
     def _engine_spec(self) -> dict[str, Any]:
         return {
-            "nodeName": self._node.node_name,
+            "nodeName": self.node.node_name,
             "restartPolicy": "Always",
             "terminationGracePeriodSeconds": GRACE_SECONDS,
             "containers": [
@@ -199,10 +188,10 @@ class KubeletChurn:
         }
 
     async def _create_bare(self, name: str) -> None:
-        await self._core.create_namespaced_pod(
-            self._namespace,
+        await self.core.create_namespaced_pod(
+            self.namespace,
             {
-                "metadata": {"name": name, "labels": self._labels(BARE_PARENT)},
+                "metadata": {"name": name, "labels": self.labels(BARE_PARENT)},
                 "spec": self._engine_spec(),
             },
         )
@@ -211,7 +200,7 @@ class KubeletChurn:
         """A seeded choice among `names`, once it runs and is ready (created at the first step)."""
         if not self._started:
             await self._start()
-        name = self._rng.choice(names)
+        name = self.rng.choice(names)
         await self._until(name, _running_and_ready, "running and ready")
         return name
 
@@ -228,20 +217,20 @@ class KubeletChurn:
     # --- waits ------------------------------------------------------------------------------
 
     async def _agree(self, what: str) -> View:
-        return await self._checkpoint(f"kubelet churn: {what}")
+        return await self.checkpoint(f"kubelet churn: {what}")
 
     def _count(self, agreed: View, name: str, state: str, shows: Callable[[str], bool]) -> None:
         row: PodRow | None = agreed.get(name)
         if row is not None and row.status is not None and shows(row.status):
-            self._stats.kubelet[state] += 1
+            self.stats.kubelet[state] += 1
         else:
-            self._stats.kubelet[f"{state} (passed before a checkpoint settled)"] += 1
+            self.stats.kubelet[f"{state} (passed before a checkpoint settled)"] += 1
 
     async def _read(self, name: str) -> Any:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            return await self._core.read_namespaced_pod(name, self._namespace)
+            return await self.core.read_namespaced_pod(name, self.namespace)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -259,11 +248,11 @@ class KubeletChurn:
             pod = await self._read(name)
             if pod is not None and holds(pod):
                 return pod
-            if (problem := self._node.failure()) is not None:
+            if (problem := self.node.failure()) is not None:
                 raise ChurnFailed(f"the real node broke while {name} was to be {what}: {problem}")
             if time.monotonic() > deadline:
                 raise ChurnFailed(
-                    f"pod {self._namespace}/{name} was not {what} within {seconds:.0f}s; "
+                    f"pod {self.namespace}/{name} was not {what} within {seconds:.0f}s; "
                     f"last seen: {_describe(pod)}"
                 )
             await asyncio.sleep(_POLL)
@@ -273,7 +262,7 @@ class KubeletChurn:
         while (pod := await self._read(name)) is not None:
             if time.monotonic() > deadline:
                 raise ChurnFailed(
-                    f"pod {self._namespace}/{name} was still there {seconds:.0f}s after its "
+                    f"pod {self.namespace}/{name} was still there {seconds:.0f}s after its "
                     f"graceful delete: {_describe(pod)}"
                 )
             await asyncio.sleep(_POLL)
