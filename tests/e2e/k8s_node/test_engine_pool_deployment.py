@@ -27,7 +27,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,17 +38,23 @@ from miles.utils.k8s_testenv import (
     RealNode,
     api_client,
 )
-from miles.utils.k8s_testenv.kubelet import Probe, engine_container, eventually
+from miles.utils.k8s_testenv.kubelet import engine_container
 from miles.utils.workers.reconcile.examples.engine_pool import (
     DRAINING_ANNOTATION,
     DRAINING_REASON,
     ENGINE_POOLS,
     POOL_LABEL,
 )
+from tests.e2e.k8s_node.deployment import (
+    REPO_ROOT,
+    create_documents,
+    read_manifest,
+    ready_pod_names,
+    until,
+)
 
 pytestmark = pytest.mark.k8s_kind
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = REPO_ROOT / "deploy" / "engine-pool.yaml"
 CRD = REPO_ROOT / "miles" / "utils" / "k8s_testenv" / "crds" / "enginepool.yaml"
 NAMESPACE = "engine-pool"
@@ -216,33 +221,7 @@ class Cluster:
         return None
 
     async def ready_controllers(self) -> list[str]:
-        pods = (await self.core.list_namespaced_pod(NAMESPACE, label_selector=APP)).items
-        return sorted(
-            p.metadata.name
-            for p in pods
-            if p.metadata.deletion_timestamp is None
-            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
-        )
-
-
-async def until(probe: Probe[Any], **options: Any) -> Any:
-    return await eventually(probe, **options)
-
-
-async def _apply(api: Any, documents: list[dict[str, Any]]) -> None:
-    core: Any = client.CoreV1Api(api)
-    rbac: Any = client.RbacAuthorizationV1Api(api)
-    apps: Any = client.AppsV1Api(api)
-    create = {
-        "Namespace": lambda d: core.create_namespace(d),
-        "ServiceAccount": lambda d: core.create_namespaced_service_account(NAMESPACE, d),
-        "ConfigMap": lambda d: core.create_namespaced_config_map(NAMESPACE, d),
-        "Role": lambda d: rbac.create_namespaced_role(NAMESPACE, d),
-        "RoleBinding": lambda d: rbac.create_namespaced_role_binding(NAMESPACE, d),
-        "Deployment": lambda d: apps.create_namespaced_deployment(NAMESPACE, d),
-    }
-    for document in documents:
-        await create[document["kind"]](document)
+        return await ready_pod_names(self.core, NAMESPACE, APP)
 
 
 async def _crd(api: Any) -> None:
@@ -260,10 +239,10 @@ async def _crd(api: Any) -> None:
 
 @contextlib.asynccontextmanager
 async def deployed(node: RealNode) -> AsyncIterator[Cluster]:
-    documents = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    documents = read_manifest(MANIFEST)
     async with api_client(node.layout.kubeconfig("admin")) as api:
         await _crd(api)
-        await _apply(api, documents)
+        await create_documents(api, documents, namespace=NAMESPACE)
         cluster = Cluster(
             client.CoreV1Api(api),
             client.AppsV1Api(api),

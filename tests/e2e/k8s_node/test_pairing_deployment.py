@@ -20,14 +20,12 @@ import contextlib
 import itertools
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml  # type: ignore[import-untyped]
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -35,11 +33,17 @@ from miles.utils.k8s_testenv import (
     RealNode,
     api_client,
 )
-from miles.utils.k8s_testenv.kubelet import Probe, engine_container, eventually
+from miles.utils.k8s_testenv.kubelet import engine_container
+from tests.e2e.k8s_node.deployment import (
+    REPO_ROOT,
+    create_documents,
+    read_manifest,
+    ready_pod_names,
+    until,
+)
 
 pytestmark = pytest.mark.k8s_kind
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = REPO_ROOT / "deploy" / "colocate-pairing.yaml"
 NAMESPACE = "colocate-pairing"
 LEASE = "colocate-pairing"
@@ -133,13 +137,7 @@ class Deployed:
             await asyncio.sleep(0.2)
 
     async def ready_pods(self) -> list[str]:
-        pods = (await self.core_v1.list_namespaced_pod(NAMESPACE, label_selector=_app())).items
-        return sorted(
-            p.metadata.name
-            for p in pods
-            if p.metadata.deletion_timestamp is None
-            and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or ())
-        )
+        return await ready_pod_names(self.core_v1, NAMESPACE, _app())
 
     async def create_pair(self, trainer: str, inference: tuple[str, ...]) -> None:
         for name, role in ((trainer, "trainer"), *((n, "inference") for n in inference)):
@@ -168,28 +166,18 @@ class Deployed:
             assert pod.spec.node_selector == {"kubernetes.io/hostname": self.node.node_name}
         return True
 
-
-async def _apply(api: Any, documents: list[dict[str, Any]]) -> None:
-    core_v1: Any = client.CoreV1Api(api)
-    rbac: Any = client.RbacAuthorizationV1Api(api)
-    apps: Any = client.AppsV1Api(api)
-    create: dict[str, Callable[[dict[str, Any]], Awaitable[Any]]] = {
-        "Namespace": lambda d: core_v1.create_namespace(d),
-        "ServiceAccount": lambda d: core_v1.create_namespaced_service_account(NAMESPACE, d),
-        "ConfigMap": lambda d: core_v1.create_namespaced_config_map(NAMESPACE, d),
-        "Role": lambda d: rbac.create_namespaced_role(NAMESPACE, d),
-        "RoleBinding": lambda d: rbac.create_namespaced_role_binding(NAMESPACE, d),
-        "Deployment": lambda d: apps.create_namespaced_deployment(NAMESPACE, d),
-    }
-    for document in documents:
-        await create[document["kind"]](document)
+    async def until_released(self, names: tuple[str, ...], what: str) -> None:
+        """Until every pod of ``names`` is released onto the node (the logs shown on a timeout)."""
+        await until(
+            lambda: self.released(names), what=what, timeout_seconds=SECONDS, seen=self.logs.dump
+        )
 
 
 @contextlib.asynccontextmanager
 async def deployed(node: RealNode, documents: list[dict[str, Any]]) -> AsyncIterator[Deployed]:
     async with api_client(node.layout.kubeconfig("admin")) as api:
         core_v1 = client.CoreV1Api(api)
-        await _apply(api, documents)
+        await create_documents(api, documents, namespace=NAMESPACE)
         logs = Logs(core_v1)
         deployment = Deployed(
             core_v1,
@@ -210,11 +198,6 @@ async def deployed(node: RealNode, documents: list[dict[str, Any]]) -> AsyncIter
                 task.cancel()
             await asyncio.gather(*tasks, *logs.tasks.values(), return_exceptions=True)
             await core_v1.delete_namespace(NAMESPACE)
-
-
-async def until(probe: Probe[Any], **options: Any) -> Any:
-    """`eventually`, for probes of any result type."""
-    return await eventually(probe, **options)
 
 
 async def _released_once_each(logs: Logs, names: tuple[str, ...]) -> None:
@@ -267,7 +250,7 @@ def _one_holder_at_a_time(holders: list[tuple[float, str | None, int]]) -> None:
 
 
 async def test_the_pairing_deployment_on_the_real_node(controller_node: RealNode) -> None:
-    documents = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    documents = read_manifest(MANIFEST)
     async with asyncio.timeout(8 * SECONDS), deployed(controller_node, documents) as cluster:
 
         async def two_ready() -> list[str] | None:
@@ -287,12 +270,7 @@ async def test_the_pairing_deployment_on_the_real_node(controller_node: RealNode
         # Gated pods are released once each, by the holder.
         first = ("infer-a0", "infer-a1")
         await cluster.create_pair("trainer-a", first)
-        await until(
-            lambda: cluster.released(first),
-            what="the first pair released",
-            timeout_seconds=SECONDS,
-            seen=cluster.logs.dump,
-        )
+        await cluster.until_released(first, "the first pair released")
         await _released_once_each(cluster.logs, first)
         assert {pod for pod, _ in cluster.logs.matching(RELEASED)} == {leader}
 
@@ -342,20 +320,10 @@ async def test_the_pairing_deployment_on_the_real_node(controller_node: RealNode
             timeout_seconds=2 * SECONDS,
             seen=cluster.logs.dump,
         )
-        await until(
-            lambda: cluster.released(second),
-            what="the second pair released",
-            timeout_seconds=SECONDS,
-            seen=cluster.logs.dump,
-        )
+        await cluster.until_released(second, "the second pair released")
         third = ("infer-c0",)
         await cluster.create_pair("trainer-c", third)
-        await until(
-            lambda: cluster.released(third),
-            what="the third pair released",
-            timeout_seconds=SECONDS,
-            seen=cluster.logs.dump,
-        )
+        await cluster.until_released(third, "the third pair released")
         for names in (first, second, third):
             await _released_once_each(cluster.logs, names)
         _one_holder_at_a_time(cluster.holders)
