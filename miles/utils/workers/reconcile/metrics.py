@@ -21,7 +21,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -218,23 +218,17 @@ class ReconcileMetrics:
                 " share a registry must share one ReconcileMetrics(registry)"
             ) from exc
 
-    def loop_metrics(
-        self,
-        name: str,
-        *,
-        clock: Clock,
-        source_status: Callable[[], SourceStatus],
-        max_concurrent_reconciles: int = 1,
-    ) -> LoopSeries:
+    def loop_metrics(self, name: str, **series: Any) -> LoopSeries:
+        """The ``LoopSeries`` of the loop ``name``, made from the keywords
+        ``MetricsProvider.loop_metrics`` names (``clock``, ``source_status``,
+        ``max_concurrent_reconciles``)."""
         if name in self._loops:
             raise ValueError(
                 f"a reconcile loop named {name!r} already reports to these metrics;"
                 " give each loop its own name= (controller-runtime: controller names are unique)"
             )
-        series = self._loops[name] = LoopSeries(
-            name, clock, source_status, max_concurrent_reconciles
-        )
-        return series
+        self._loops[name] = made = LoopSeries(name, **series)
+        return made
 
     def describe(self) -> Iterator[Metric]:
         return _families({})
