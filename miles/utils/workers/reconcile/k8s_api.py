@@ -65,8 +65,9 @@ from miles.utils.workers.reconcile.k8s_errors import (
     parse_retry_after,
 )
 from miles.utils.workers.reconcile.k8s_framing import ByteStream, iter_line_batches
+from miles.utils.workers.reconcile.k8s_http import BearerCredentials, HttpTransport
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, UndecodedPodPage
-from miles.utils.workers.reconcile.k8s_transport import RawResponse
+from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request, Transport
 from miles.utils.workers.reconcile.k8s_values import (
     ListOptions,
     ListPage,
@@ -104,6 +105,7 @@ __all__ = [
     "ServiceAccountToken",
     "exception_rejects_cursor",
     "in_cluster_possible",
+    "write_transport",
 ]
 
 logger = logging.getLogger(__name__)
@@ -899,8 +901,7 @@ class KubernetesAsyncioTransport:
         self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
         self._session: Any = None
         self._env_proxy: Any = None
-        self._credential: tuple[object, ...] | None = None
-        self._headers: dict[str | None, dict[str, str]] = {}
+        self._credentials = BearerCredentials(api_client=api_client)
         self._urls: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._timeouts: dict[float | None, Any] = {}
 
@@ -940,8 +941,19 @@ class KubernetesAsyncioTransport:
         content_type: str | None = None,
         deadline: float | None = None,
     ) -> RawResponse:
+        """``send`` in the shape this transport had before ``Request`` (kept for its callers)."""
+        given: dict[str, Any] = {
+            "query": query,
+            "body": body,
+            "content_type": content_type,
+            "deadline": deadline,
+        }
+        return await self.send(Request(method=method, path=path, **given))
+
+    async def send(self, request: Request) -> RawResponse:
+        method, path, content_type = request.method, request.path, request.content_type
         api_client = self._api_client
-        headers = await self._headers_for(content_type)
+        headers = await self._credentials.headers(content_type)
         rest = api_client.rest_client
         session = self._session_on(rest.pool_manager)
         options: dict[str, Any] = {}
@@ -956,10 +968,10 @@ class KubernetesAsyncioTransport:
         try:
             async with session.request(
                 method,
-                self._url(path, query),
-                data=body,
+                self._url(path, request.query),
+                data=request.body,
                 headers=headers,
-                timeout=self._timeout(deadline),
+                timeout=self._timeout(request.deadline),
                 **options,
             ) as resp:
                 with _failing_when_cut_off(resp):
@@ -970,36 +982,10 @@ class KubernetesAsyncioTransport:
                 raise
             raise ours from err
         if resp.status == 401:
-            _forget_token(api_client)
+            self._credentials.forget()
         # The headers as aiohttp read them: their names look up in any case, "retry-after" too;
         # a dict of them cost 10 % of the client's CPU per write (bench.writes, merge patch).
         return RawResponse(status=resp.status, body=data, headers=resp.headers)
-
-    async def _headers_for(self, content_type: str | None) -> dict[str, str]:
-        """The request's headers, built again only when the credential changed: the
-        configuration's refresh hook (a ``ServiceAccountToken``) runs before every request, as
-        ``ApiClient.update_params_for_auth`` runs it, and may set a new token."""
-        configuration = self._api_client.configuration
-        hook = configuration.refresh_api_key_hook
-        if hook is not None:
-            refreshed = hook(configuration)
-            if asyncio.iscoroutine(refreshed):
-                await refreshed
-        token = configuration.api_key.get("BearerToken")
-        prefix = configuration.api_key_prefix.get("BearerToken")
-        credential = (token, prefix, *self._api_client.default_headers.items())
-        if credential != self._credential:
-            self._credential = credential
-            self._headers = {}
-        headers = self._headers.get(content_type)
-        if headers is None:
-            headers = {**self._api_client.default_headers, "Accept": "application/json"}
-            if content_type is not None:
-                headers["Content-Type"] = content_type
-            if token:  # as Configuration.get_api_key_with_prefix and auth_settings make it
-                headers["authorization"] = f"{prefix} {token}" if prefix else token
-            self._headers[content_type] = headers
-        return headers
 
     def _url(self, path: str, query: Sequence[tuple[str, str]]) -> Any:
         """The request's URL, parsed and encoded once per path and query (a write client writes
@@ -1102,12 +1088,14 @@ async def api_client_session(config: ClientConfig) -> AsyncIterator[Any]:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KubeSession:
     """An open ``CoreV1Api``, the namespace to use, the server it talks to and the kubeconfig
-    context (``None`` in cluster), for error lines."""
+    context (``None`` in cluster), for error lines; ``write_transport`` is the write client's
+    transport on the same configuration (``write_transport``)."""
 
     core_v1_api: Any
     namespace: str
     server: str
     context: str | None
+    write_transport: Transport | None = None
 
 
 @asynccontextmanager
@@ -1122,10 +1110,51 @@ async def kube_session(
     from kubernetes_asyncio import client
 
     config = resolve_config(target, environ, service_account)
-    async with api_client_session(config) as api_client:
+    async with api_client_session(config) as api_client, write_transport(api_client) as writes:
         yield KubeSession(
             core_v1_api=client.CoreV1Api(api_client),
             namespace=config.namespace,
             server=config.server,
             context=config.context,
+            write_transport=writes,
         )
+
+
+@asynccontextmanager
+async def write_transport(
+    api_client: Any, *, connect_timeout: float = 10.0
+) -> AsyncIterator[Transport]:
+    """The write client's transport to the server of ``api_client`` (a ``kubernetes_asyncio``
+    ``ApiClient``), its connections closed on exit: ``k8s_http.HttpTransport`` (record row
+    "``client/``: the write client's transport"), or ``KubernetesAsyncioTransport`` where a proxy
+    applies (the configuration's, or the environment's for that server), which ``HttpTransport``
+    does not speak; one INFO line says so."""
+    proxy = _proxy_for(api_client)
+    if proxy is not None:
+        logger.info(
+            "writes to %s go through aiohttp's transport: %s applies to it, and the HTTP/1.1 "
+            "transport speaks to no proxy",
+            api_client.configuration.host,
+            proxy,
+        )
+        yield KubernetesAsyncioTransport(api_client=api_client, connect_timeout=connect_timeout)
+        return
+    fast = HttpTransport.for_api_client(api_client, connect_timeout=connect_timeout)
+    async with fast:
+        yield fast
+
+
+def _proxy_for(api_client: Any) -> str | None:
+    """Which proxy applies to ``api_client``'s server, if any (named, never its address, which
+    may carry credentials)."""
+    configuration = api_client.configuration
+    if configuration.proxy:
+        return "the configuration's proxy"
+    from aiohttp.helpers import get_env_proxy_for_url
+    from yarl import URL
+
+    try:
+        get_env_proxy_for_url(URL(configuration.host))
+    except LookupError:
+        return None
+    return "the environment's proxy (HTTPS_PROXY / HTTP_PROXY, not excluded by NO_PROXY)"

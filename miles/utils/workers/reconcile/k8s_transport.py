@@ -2,8 +2,9 @@
 sends its requests through. Go: client-go ``rest.HTTPClient`` (the ``http.Client`` under a
 ``RESTClient``).
 
-``k8s_api.KubernetesAsyncioTransport`` is the real one (the ``ApiClient``'s session, credentials
-and TLS); fast tests give the client a fake. Importing this module imports no transport.
+``k8s_http.HttpTransport`` is the real one (``k8s_api.write_transport`` opens it, or
+``k8s_api.KubernetesAsyncioTransport`` where a proxy applies); fast tests give the client a fake.
+Importing this module imports no transport.
 A transport raises ``KubernetesConnectionError`` for a failure below HTTP and returns every HTTP
 answer, whatever its status.
 """
@@ -24,17 +25,20 @@ class RawResponse:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """One request to the apiserver at ``path`` (``/api/v1/...``), its query, body and the body's
+    type; ``deadline`` bounds all of it in seconds, connecting included. Go: ``http.Request``."""
+
+    method: str
+    path: str
+    query: Sequence[tuple[str, str]] = ()
+    body: bytes | None = None
+    content_type: str | None = None
+    deadline: float | None = None
+
+
 class Transport(Protocol):
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: bytes | None = None,
-        content_type: str | None = None,
-        deadline: float | None = None,
-    ) -> RawResponse:
-        """One request to the apiserver at ``path`` (``/api/v1/...``); ``deadline`` bounds all
-        of it in seconds, connecting included."""
+    async def send(self, request: Request) -> RawResponse:
+        """One exchange: ``request`` sent, its answer read whole. Go: ``RoundTripper``."""
         ...

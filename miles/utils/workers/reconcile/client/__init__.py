@@ -22,7 +22,7 @@ from miles.utils.workers.reconcile.client.patches import (
     Patch,
     StrategicMergePatch,
 )
-from miles.utils.workers.reconcile.k8s_transport import RawResponse, Transport
+from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request, Transport
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -35,6 +35,7 @@ __all__ = [
     "Preconditions",
     "PropagationPolicy",
     "RawResponse",
+    "Request",
     "RetryBackoff",
     "StrategicMergePatch",
     "Transport",

@@ -1,8 +1,8 @@
 """Writes (and reads) of one object of any kind: create, get, replace, patch, apply, delete.
 Go: controller-runtime ``pkg/client`` (``Client``, typed and unstructured) over client-go ``rest``.
 
-``Client`` is given a ``Transport`` (``k8s_api.KubernetesAsyncioTransport`` in a process, a fake
-in fast tests) and builds every request path from a ``resource.Resource``. It takes a pydantic
+``Client`` is given a ``Transport`` (``k8s_api.write_transport`` opens one in a process; a fake in
+fast tests) and builds every request path from a ``resource.Resource``. It takes a pydantic
 model (written by alias, camelCase, without ``None`` fields) or a mapping, and answers with the
 type it was given: the model's class, or a ``dict`` (``into=`` picks the class where nothing is
 given, on ``get``, ``patch`` and ``delete``).
@@ -48,7 +48,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     exception_summary,
     parse_retry_after,
 )
-from miles.utils.workers.reconcile.k8s_transport import RawResponse, Transport
+from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request, Transport
 from miles.utils.workers.reconcile.resource import Resource
 
 logger = logging.getLogger(__name__)
@@ -355,17 +355,18 @@ class Client:
         """The answer's body of a 2xx; sends the request again as ``request_retry`` allows."""
         if with_manager and method != "GET" and self._field_manager is not None:
             query = [*query, ("fieldManager", self._field_manager)]
+        request = Request(
+            method=method,
+            path=path,
+            query=query,
+            body=body,
+            content_type=content_type if body is not None else None,
+            deadline=self._timeout,
+        )
         retries = 0
         while True:
             try:
-                response = await self._transport.request(
-                    method,
-                    path,
-                    query=query,
-                    body=body,
-                    content_type=content_type if body is not None else None,
-                    deadline=self._timeout,
-                )
+                response = await self._transport.send(request)
             except KubernetesConnectionError as err:
                 failure: Exception = err
             else:

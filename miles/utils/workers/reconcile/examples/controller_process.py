@@ -188,7 +188,8 @@ async def connected(
             config=config,
             namespace=session.namespace,
             core_v1_api=session.core_v1_api,
-            transport=KubernetesAsyncioTransport.beside(session.core_v1_api),
+            transport=session.write_transport
+            or KubernetesAsyncioTransport.beside(session.core_v1_api),
             elector=leader_elector(
                 config.leader_election,
                 core_v1_api=session.core_v1_api,

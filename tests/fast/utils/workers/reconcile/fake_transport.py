@@ -4,11 +4,10 @@ says what each is answered with. Go: a ``rest.HTTPClient`` whose round tripper i
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from miles.utils.workers.reconcile.client import RawResponse
+from miles.utils.workers.reconcile.client import RawResponse, Request
 
 
 @dataclass(frozen=True)
@@ -29,19 +28,15 @@ class RecordingTransport:
 
     sent: list[Sent] = field(default_factory=list, kw_only=True)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Sequence[tuple[str, str]] = (),
-        body: bytes | None = None,
-        content_type: str | None = None,
-        deadline: float | None = None,
-    ) -> RawResponse:
-        assert deadline is not None
+    async def send(self, request: Request) -> RawResponse:
+        assert request.deadline is not None
+        body = request.body
         sent = Sent(
-            method, path, list(query), None if body is None else json.loads(body), content_type
+            request.method,
+            request.path,
+            list(request.query),
+            None if body is None else json.loads(body),
+            request.content_type,
         )
         self.sent.append(sent)
         answer = self.answer(sent)

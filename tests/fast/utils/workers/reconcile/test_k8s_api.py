@@ -41,6 +41,7 @@ from miles.utils.workers.reconcile.k8s_api import (
     KubernetesAsyncioTransport,
     as_kubernetes_error,
     in_cluster_configuration,
+    write_transport,
 )
 from miles.utils.workers.reconcile.k8s_errors import (
     ConnectionFailure,
@@ -51,8 +52,10 @@ from miles.utils.workers.reconcile.k8s_errors import (
     exception_keeps_cursor,
     exception_rejects_cursor,
 )
+from miles.utils.workers.reconcile.k8s_http import HttpTransport
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
+from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request, Transport
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import (
     INITIAL_EVENTS_END_ANNOTATION,
@@ -1255,10 +1258,35 @@ async def test_after_a_401_the_next_request_carries_the_rotated_token(tmp_path: 
     assert seen == ["Bearer first", "Bearer second"]
 
 
-async def test_the_write_transport_sends_the_rotated_token_after_a_401(tmp_path: Path) -> None:
-    """The transport builds its headers once per credential, yet runs the token's refresh hook
-    before every request: after a 401 the next write carries the file's new token, and the one
-    after it keeps it."""
+def _the_request_shape(client: Any) -> Transport:
+    """``KubernetesAsyncioTransport`` called by ``request(method, path, ...)``, its shape before
+    ``Request``."""
+    transport = KubernetesAsyncioTransport(api_client=client)
+
+    class Shaped:
+        async def send(self, r: Request) -> RawResponse:
+            return await transport.request(
+                r.method, r.path, query=r.query, body=r.body, content_type=r.content_type
+            )
+
+    return Shaped()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda client: KubernetesAsyncioTransport(api_client=client),
+        _the_request_shape,
+        HttpTransport.for_api_client,
+    ],
+    ids=["aiohttp", "aiohttp-request-shape", "http11"],
+)
+async def test_the_write_transport_sends_the_rotated_token_after_a_401(
+    tmp_path: Path, make: Callable[[Any], Transport]
+) -> None:
+    """Either write transport builds its headers once per credential, yet runs the token's
+    refresh hook before every request: after a 401 the next write carries the file's new token,
+    and the one after it keeps it."""
     configmap = _accepting_only_the_second_token(
         tmp_path,
         "PATCH",
@@ -1269,19 +1297,59 @@ async def test_the_write_transport_sends_the_rotated_token_after_a_401(tmp_path:
         configmap as (configuration, account, seen),
         ApiClient(configuration=configuration) as client,
     ):
-        transport = KubernetesAsyncioTransport(api_client=client)
+        transport = make(client)
         statuses: list[int] = []
         for value in ("1", "2", "3"):
-            response = await transport.request(
-                "PATCH",
-                "/api/v1/namespaces/ns/configmaps/c",
-                query=[("fieldManager", "m")],
-                body=b'{"data":{"v":"%s"}}' % value.encode(),
-                content_type="application/merge-patch+json",
+            response = await transport.send(
+                Request(
+                    method="PATCH",
+                    path="/api/v1/namespaces/ns/configmaps/c",
+                    query=[("fieldManager", "m")],
+                    body=b'{"data":{"v":"%s"}}' % value.encode(),
+                    content_type="application/merge-patch+json",
+                )
             )
             statuses.append(response.status)
             if value == "1":
                 rotate(account / "token", "second")
+        if isinstance(transport, HttpTransport):
+            await transport.aclose()
     assert statuses == [401, 200, 200]
     assert seen == ["Bearer first", "Bearer second", "Bearer second"]
     assert response.headers["content-type"].startswith("application/json")
+
+
+@pytest.mark.parametrize(
+    ("proxy", "environ", "picked"),
+    [
+        (None, {}, HttpTransport),
+        ("http://proxy.invalid:3128", {}, KubernetesAsyncioTransport),
+        (None, {"HTTPS_PROXY": "http://proxy.invalid:3128"}, KubernetesAsyncioTransport),
+        (
+            None,
+            {"HTTPS_PROXY": "http://proxy.invalid:3128", "NO_PROXY": "127.0.0.1"},
+            HttpTransport,
+        ),
+    ],
+)
+async def test_write_transport_is_the_http11_one_unless_a_proxy_applies(
+    proxy: str | None,
+    environ: dict[str, str],
+    picked: type,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The HTTP/1.1 transport speaks to no proxy: where the configuration or the environment
+    names one for the server, the write client goes through aiohttp's, and one line says so."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    configuration = Configuration(host="https://127.0.0.1:6443")
+    configuration.proxy = proxy
+    caplog.set_level(logging.INFO, logger="miles.utils.workers.reconcile.k8s_api")
+    async with ApiClient(configuration=configuration) as client, write_transport(client) as chosen:
+        assert type(chosen) is picked
+    told = [r.getMessage() for r in caplog.records if "go through aiohttp" in r.getMessage()]
+    assert len(told) == (picked is KubernetesAsyncioTransport)
+    assert all("proxy.invalid" not in line for line in told)

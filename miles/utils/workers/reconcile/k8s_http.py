@@ -1,0 +1,607 @@
+"""HTTP/1.1 to the apiserver on asyncio's own transports: the write client's default transport.
+Go: net/http ``Transport`` (its HTTP/1.1 half).
+
+``HttpTransport`` keeps a pool of keep-alive connections, one request in flight on each (as Go's
+HTTP/1.1 ``persistConn``), TLS through ``ssl`` with the context the client's configuration implies
+(``tls_context``: its CA, client certificate, ``verify_ssl``), and the bearer token and default
+headers of that configuration (``BearerCredentials``, shared with
+``k8s_api.KubernetesAsyncioTransport``). It costs about half aiohttp's client CPU per write
+(record row "``client/``: the write client's transport"). It speaks to no proxy:
+``k8s_api.write_transport`` picks aiohttp's transport where one applies.
+
+A failure below HTTP raises ``KubernetesConnectionError``; every HTTP answer is returned whole.
+A request written on a reused connection that the server closed before answering (the keep-alive
+race) is sent again on a fresh connection only when its method is idempotent, as Go's
+``persistConn.shouldRetryRequest``; any other is the caller's (``client/request_retry``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from miles.utils.workers.reconcile.arguments import positive_finite
+from miles.utils.workers.reconcile.k8s_config import ServiceAccountToken, tls_failure_reason
+from miles.utils.workers.reconcile.k8s_errors import ConnectionFailure, KubernetesConnectionError
+from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request
+
+CONNECT_TIMEOUT = 10.0
+IDLE_TIMEOUT = 90.0
+"""Seconds an idle connection is kept for reuse. Go: client-go's ``utilnet.SetTransportDefaults``
+``IdleConnTimeout``."""
+MAX_CONNECTIONS = 100
+"""Connections open at once, as ``kubernetes_asyncio``'s ``connection_pool_maxsize``."""
+MAX_HEAD_BYTES = 10 << 20
+"""Go: ``net/http``'s default ``MaxResponseHeaderBytes``."""
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+"""The methods Go sends again after the keep-alive race (``Request.isReplayable``)."""
+_HAS_BODY = frozenset({"POST", "PUT", "PATCH"})
+_URLS_HELD = 4096
+
+
+class Headers(Mapping[str, str]):
+    """An answer's header fields, their names looked up in any case; a repeated field's values
+    joined by ", ". Go: ``http.Header``."""
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: Mapping[str, str]) -> None:
+        self._fields = {name.lower(): value for name, value in fields.items()}
+
+    def __getitem__(self, name: str) -> str:
+        return self._fields[name.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __repr__(self) -> str:
+        return f"Headers({self._fields!r})"
+
+
+class BearerCredentials:
+    """The headers every request carries for a ``kubernetes_asyncio`` ``ApiClient``: its default
+    headers and its configuration's bearer token, built again only when the credential changed.
+    The configuration's refresh hook (a ``ServiceAccountToken``) runs before every request, as
+    ``ApiClient.update_params_for_auth`` runs it, and may set a new token; after a 401 a
+    ``ServiceAccountToken`` reads its file again (``forget``)."""
+
+    def __init__(self, *, api_client: Any) -> None:
+        self._api_client = api_client
+        self._credential: tuple[object, ...] | None = None
+        self._headers: dict[str | None, dict[str, str]] = {}
+
+    async def headers(self, content_type: str | None) -> dict[str, str]:
+        configuration = self._api_client.configuration
+        hook = configuration.refresh_api_key_hook
+        if hook is not None:
+            refreshed = hook(configuration)
+            if asyncio.iscoroutine(refreshed):
+                await refreshed
+        token = configuration.api_key.get("BearerToken")
+        prefix = configuration.api_key_prefix.get("BearerToken")
+        credential = (token, prefix, *self._api_client.default_headers.items())
+        if credential != self._credential:
+            self._credential = credential
+            self._headers = {}
+        headers = self._headers.get(content_type)
+        if headers is None:
+            headers = {**self._api_client.default_headers, "Accept": "application/json"}
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+            if token:  # as Configuration.get_api_key_with_prefix and auth_settings make it
+                headers["authorization"] = f"{prefix} {token}" if prefix else token
+            self._headers[content_type] = headers
+        return headers
+
+    def forget(self) -> None:
+        hook = getattr(self._api_client.configuration, "refresh_api_key_hook", None)
+        if isinstance(hook, ServiceAccountToken):
+            hook.forget()
+
+
+def tls_context(configuration: Any) -> ssl.SSLContext:
+    """The TLS context a ``kubernetes_asyncio`` ``Configuration`` implies, as its
+    ``RESTClientObject`` builds it (CA file, client certificate, ``verify_ssl``,
+    ``disable_strict_ssl_verification``), offering HTTP/1.1 alone by ALPN."""
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if getattr(configuration, "disable_strict_ssl_verification", False):
+        context.verify_flags &= ~ssl.VERIFY_X509_STRICT
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One response as read off a connection: status, header fields (names lowercased), body, and
+    whether the connection may carry another request."""
+
+    status: int
+    fields: dict[str, str]
+    body: bytes
+    keep_alive: bool
+
+
+class MalformedResponse(Exception):
+    """The bytes read are no HTTP/1.1 response; the message says what is wrong."""
+
+
+class _Lost(Exception):
+    """The connection closed before the answer ended; ``answered``: some of it had come."""
+
+    def __init__(self, cause: BaseException | None, *, answered: bool) -> None:
+        super().__init__(str(cause) if cause else "the server closed the connection")
+        self.answered = answered
+
+
+_UNTIL_CLOSE = -1
+_CHUNKED = -2
+
+
+class ResponseReader:
+    """Reads one HTTP/1.1 response at a time from the bytes ``feed`` is given: the status line and
+    header fields, interim 1xx answers skipped, then a body framed by ``Content-Length``, chunked
+    transfer coding or the connection's close; none after ``HEAD``, 204 or 304. Go:
+    ``http.ReadResponse``."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._head_only = False
+        self._status = 0
+        self._fields: dict[str, str] | None = None
+        self._length = 0
+        self._keep_alive = True
+        self._chunks: list[bytes] = []
+        self._trailers = False
+
+    def expect(self, *, head_only: bool) -> None:
+        """A new request was sent; its answer is read next."""
+        self._head_only = head_only
+        self._fields = None
+        self._chunks = []
+        self._trailers = False
+
+    @property
+    def pending(self) -> bool:
+        """Bytes are held that no answer took."""
+        return bool(self._buffer)
+
+    def feed(self, data: bytes) -> Answer | None:
+        """The answer, once ``data`` completed it; raises ``MalformedResponse``."""
+        self._buffer += data
+        if self._fields is None and not self._read_head():
+            return None
+        if self._length >= 0:
+            return self._sized()
+        return self._chunked() if self._length == _CHUNKED else None
+
+    def at_close(self) -> Answer | None:
+        """The answer a body read until the connection's close makes, if one was under way."""
+        if self._fields is None or self._length != _UNTIL_CLOSE:
+            return None
+        body, self._buffer = bytes(self._buffer), bytearray()
+        return Answer(self._status, self._fields, body, keep_alive=False)
+
+    def _read_head(self) -> bool:
+        while True:
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buffer) > MAX_HEAD_BYTES:
+                    raise MalformedResponse(f"a response head over {MAX_HEAD_BYTES} bytes")
+                return False
+            head = bytes(self._buffer[:end])
+            del self._buffer[: end + 4]
+            status, fields, keep_alive = parse_head(head)
+            if 100 <= status <= 199 and status != 101:
+                continue  # an interim answer (100 Continue, 103 Early Hints): the real one follows
+            self._status, self._fields, self._keep_alive = status, fields, keep_alive
+            self._length = self._framing(status, fields)
+            return True
+
+    def _framing(self, status: int, fields: dict[str, str]) -> int:
+        if self._head_only or status in (101, 204, 304):
+            return 0
+        coding = fields.get("transfer-encoding")
+        if coding is not None:
+            if coding.rsplit(",", 1)[-1].strip().lower() != "chunked":
+                self._keep_alive = False
+                return _UNTIL_CLOSE
+            return _CHUNKED
+        length = fields.get("content-length")
+        if length is None:
+            self._keep_alive = False
+            return _UNTIL_CLOSE
+        values = {v.strip() for v in length.split(",")}
+        value = values.pop()
+        if values or not value.isdigit():
+            raise MalformedResponse(f"Content-Length {length!r}")
+        return int(value)
+
+    def _sized(self) -> Answer | None:
+        if len(self._buffer) < self._length:
+            return None
+        body = bytes(self._buffer[: self._length])
+        del self._buffer[: self._length]
+        return self._answer(body)
+
+    def _chunked(self) -> Answer | None:
+        buffer = self._buffer
+        while True:
+            end = buffer.find(b"\r\n")
+            if end < 0:
+                return None
+            if self._trailers:
+                del buffer[: end + 2]
+                if end == 0:
+                    return self._answer(b"".join(self._chunks))
+                continue
+            size = _chunk_size(bytes(buffer[:end]))
+            if size == 0:
+                del buffer[: end + 2]
+                self._trailers = True
+                continue
+            stop = end + 2 + size
+            if len(buffer) < stop + 2:
+                return None
+            if buffer[stop : stop + 2] != b"\r\n":
+                raise MalformedResponse("chunk data not followed by CRLF")
+            self._chunks.append(bytes(buffer[end + 2 : stop]))
+            del buffer[: stop + 2]
+
+    def _answer(self, body: bytes) -> Answer:
+        assert self._fields is not None
+        fields, self._fields = self._fields, None
+        return Answer(self._status, fields, body, self._keep_alive)
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
+    """A response head's status, its fields (names lowercased) and whether the connection stays
+    open after it; raises ``MalformedResponse``."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit() or rest[3:4] not in ("", " "):
+        raise MalformedResponse(f"status line {lines[0][:80]!r}")
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            raise MalformedResponse(f"header line {line[:80]!r}")
+        name, value = name.lower(), value.strip()
+        fields[name] = f"{fields[name]}, {value}" if name in fields else value
+        # Go joins a repeated field's values the same way when it reads them as one.
+    connection = fields.get("connection", "").lower()
+    http11 = version == "HTTP/1.1"
+    keep_alive = "close" not in connection if http11 else "keep-alive" in connection
+    return int(code), fields, keep_alive
+
+
+def _chunk_size(line: bytes) -> int:
+    size = line.split(b";", 1)[0].strip()
+    if not size or size.strip(b"0123456789abcdefABCDEF"):
+        raise MalformedResponse(f"chunk size line {line[:40]!r}")
+    return int(size, 16)
+
+
+class _Connection(asyncio.Protocol):
+    """One connection to the server; its answers read by a ``ResponseReader``."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self.idle_since = 0.0
+        self._reader = ResponseReader()
+        self._waiter: asyncio.Future[Answer] | None = None
+        self._answered = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def usable(self) -> bool:
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
+
+    def send(self, message: bytes, *, head_only: bool) -> asyncio.Future[Answer]:
+        assert self.transport is not None
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiter, self._answered = waiter, False
+        self._reader.expect(head_only=head_only)
+        self.transport.write(message)
+        return waiter
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self._waiter
+        if waiter is None:
+            self.close()  # bytes no request asked for (Go: "unsolicited response")
+            return
+        self._answered = True
+        try:
+            answer = self._reader.feed(data)
+        except MalformedResponse as err:
+            self._settle(err)
+            self.close()
+            return
+        if answer is not None:
+            self._settle(answer)
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._waiter is not None:
+            answer = self._reader.at_close()
+            self._settle(answer or _Lost(exc, answered=self._answered))
+
+    def _settle(self, outcome: Answer | Exception) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is None or waiter.done():
+            return
+        if isinstance(outcome, Exception):
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
+
+    def keeps(self, answer: Answer) -> bool:
+        return answer.keep_alive and not self._reader.pending and self.usable()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class HttpTransport:
+    """The write client's ``Transport`` over HTTP/1.1 keep-alive connections to ``server``
+    (``https://host:port`` or ``http://...``, a path prefix kept). Go: ``http.Transport``.
+
+    ``tls`` is the context for an ``https`` server (``tls_context``), ``tls_server_name`` the name
+    its certificate is checked against where it is not the URL's host; ``credentials`` give each
+    request's headers. At most ``max_connections`` are open; a request beyond waits for one.
+    ``connect_timeout`` bounds each connection's TCP and TLS handshake, a request's ``deadline``
+    all of it. ``aclose`` (or ``async with``) closes every connection.
+    """
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        tls: ssl.SSLContext | None = None,
+        tls_server_name: str | None = None,
+        credentials: BearerCredentials | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ) -> None:
+        url = urlsplit(server)
+        if url.scheme not in ("https", "http") or not url.hostname:
+            raise ValueError(f"server {server!r}: an http or https URL with a host is needed")
+        secure = url.scheme == "https"
+        self._host, self._port = url.hostname, url.port or (443 if secure else 80)
+        self._server = f"{self._host}:{self._port}"
+        self._prefix = url.path.rstrip("/")
+        self._host_line = f"Host: {url.netloc}\r\n".encode()
+        self._tls = (tls or ssl.create_default_context()) if secure else None
+        self._server_name = (tls_server_name or self._host) if secure else None
+        self._credentials = credentials
+        self._max = max_connections
+        self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
+        self._idle: deque[_Connection] = deque()
+        self._busy: set[_Connection] = set()
+        self._opening = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._targets: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
+        self._blocks: dict[str | None, tuple[dict[str, str], bytes]] = {}
+
+    @classmethod
+    def for_api_client(
+        cls, api_client: Any, *, connect_timeout: float = CONNECT_TIMEOUT
+    ) -> HttpTransport:
+        """To the server of a ``kubernetes_asyncio`` ``ApiClient``, with its configuration's TLS,
+        token and pool size and its default headers. Its proxy, if any, is not used."""
+        configuration = api_client.configuration
+        secure = urlsplit(configuration.host).scheme == "https"
+        return cls(
+            server=configuration.host,
+            tls=tls_context(configuration) if secure else None,
+            tls_server_name=configuration.tls_server_name,
+            credentials=BearerCredentials(api_client=api_client),
+            max_connections=configuration.connection_pool_maxsize or MAX_CONNECTIONS,
+            connect_timeout=connect_timeout,
+        )
+
+    async def __aenter__(self) -> HttpTransport:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        for connection in [*self._idle, *self._busy]:
+            connection.close()
+        self._idle.clear()
+        self._busy.clear()
+
+    async def send(self, request: Request) -> RawResponse:
+        method, deadline = request.method, request.deadline
+        message = await self._message(request)
+        what = f"{method} {request.path}"
+        try:
+            if deadline is None:
+                answer = await self._exchange(what, method, message)
+            else:
+                async with asyncio.timeout(deadline):
+                    answer = await self._exchange(what, method, message)
+        except TimeoutError:
+            raise KubernetesConnectionError(
+                f"{what} ended by its client deadline ({deadline:g} s)",
+                kind=ConnectionFailure.TIMEOUT,
+                server=self._server,
+            ) from None
+        if answer.status == 401 and self._credentials is not None:
+            self._credentials.forget()
+        return RawResponse(status=answer.status, body=answer.body, headers=Headers(answer.fields))
+
+    async def _message(self, request: Request) -> bytes:
+        method, body = request.method, request.body
+        parts = [
+            self._target(method, request.path, request.query),
+            await self._block(request.content_type),
+        ]
+        if body is not None or method in _HAS_BODY:
+            parts.append(b"Content-Length: %d\r\n\r\n" % len(body or b""))
+            if body:
+                parts.append(body)
+        else:
+            parts.append(b"\r\n")
+        return b"".join(parts)
+
+    def _target(self, method: str, path: str, query: Sequence[tuple[str, str]]) -> bytes:
+        """The request line and Host, made once per method, path and query (a write client
+        writes the same few objects again and again); at most ``_URLS_HELD`` are held."""
+        key = (method, path, tuple(query))
+        line = self._targets.get(key)
+        if line is None:
+            if len(self._targets) >= _URLS_HELD:
+                self._targets.clear()
+            target = self._prefix + path + (f"?{urlencode(key[2])}" if query else "")
+            line = f"{method} {target} HTTP/1.1\r\n".encode() + self._host_line
+            self._targets[key] = line
+        return line
+
+    async def _block(self, content_type: str | None) -> bytes:
+        """The header lines after Host, encoded again only when the credentials' headers did."""
+        if self._credentials is None:
+            headers = {"Accept": "application/json"}
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+        else:
+            headers = await self._credentials.headers(content_type)
+        held = self._blocks.get(content_type)
+        if held is not None and held[0] is headers:
+            return held[1]
+        block = "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode()
+        self._blocks[content_type] = (headers, block)
+        return block
+
+    async def _exchange(self, what: str, method: str, message: bytes) -> Answer:
+        connection = await self._connection(what)
+        while True:
+            try:
+                answer = await connection.send(message, head_only=method == "HEAD")
+            except _Lost as lost:
+                self._drop(connection)
+                if connection.reused and not lost.answered and method in IDEMPOTENT_METHODS:
+                    connection = await self._connection(what, fresh=True)
+                    continue
+                raise KubernetesConnectionError(
+                    f"{what} cut short: {lost}", server=self._server, reason=str(lost)
+                ) from None
+            except MalformedResponse as err:
+                self._drop(connection)
+                raise KubernetesConnectionError(
+                    f"{what} failed: the HTTP response is malformed ({err})", server=self._server
+                ) from None
+            except BaseException:
+                self._drop(connection)  # a deadline or a cancel mid-exchange: its state is unknown
+                raise
+            self._release(connection, connection.keeps(answer))
+            return answer
+
+    async def _connection(self, what: str, *, fresh: bool = False) -> _Connection:
+        loop = asyncio.get_running_loop()
+        while True:
+            while self._idle and not fresh:
+                connection = self._idle.pop()
+                if connection.usable() and loop.time() - connection.idle_since < IDLE_TIMEOUT:
+                    connection.reused = True
+                    self._busy.add(connection)
+                    return connection
+                connection.close()
+            if len(self._busy) + self._opening < self._max:
+                return await self._open(what)
+            await self._wait_for_slot(loop)
+
+    async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiter = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._wake()  # the slot it was given passes to the next
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def _wake(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def _open(self, what: str) -> _Connection:
+        loop = asyncio.get_running_loop()
+        self._opening += 1
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, connection = await loop.create_connection(
+                    _Connection,
+                    self._host,
+                    self._port,
+                    ssl=self._tls,
+                    server_hostname=self._server_name,
+                )
+        except TimeoutError:
+            raise self._connect_error(what, None) from None
+        except OSError as err:
+            raise self._connect_error(what, err) from None
+        finally:
+            self._opening -= 1
+            self._wake()
+        self._busy.add(connection)
+        return connection
+
+    def _connect_error(self, what: str, err: OSError | None) -> KubernetesConnectionError:
+        if err is None:
+            kind, reason = ConnectionFailure.TIMEOUT, f"not made within {self._connect_timeout:g} s"
+        elif isinstance(err, ssl.SSLCertVerificationError):
+            kind, reason = ConnectionFailure.TLS_VERIFICATION, tls_failure_reason(err)
+        elif isinstance(err, ssl.SSLError):
+            kind, reason = ConnectionFailure.TLS_HANDSHAKE, tls_failure_reason(err)
+        elif isinstance(err, ConnectionRefusedError):
+            kind, reason = ConnectionFailure.REFUSED, err.strerror or str(err)
+        else:
+            kind, reason = ConnectionFailure.UNREACHABLE, err.strerror or str(err)
+        state = "refused" if kind is ConnectionFailure.REFUSED else "failed"
+        return KubernetesConnectionError(
+            f"{what}: connection to {self._server} {state}: {reason}",
+            kind=kind,
+            server=self._server,
+            reason=reason,
+        )
+
+    def _release(self, connection: _Connection, keep: bool) -> None:
+        self._busy.discard(connection)
+        if keep:
+            connection.idle_since = asyncio.get_running_loop().time()
+            self._idle.append(connection)
+        else:
+            connection.close()
+        self._wake()
+
+    def _drop(self, connection: _Connection) -> None:
+        self._release(connection, keep=False)
