@@ -22,6 +22,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.k8s_apiserver)
 
 
+@pytest.fixture(params=["http11", "aiohttp"])
+def write_transport_name(request: pytest.FixtureRequest) -> str:
+    """Each write-client test runs through both transports (``harness.WRITE_TRANSPORTS``)."""
+    return str(request.param)
+
+
 @pytest.fixture
 def behind_the_fault_proxy(request: pytest.FixtureRequest) -> Iterator[None]:
     """For the tests that reach the apiserver through `HttpFaultProxy`: their docstring's layer."""

@@ -7,6 +7,8 @@
 - `Cells`: a `ReconcileLoop` over a `KubernetesReflector` on a recording api, keyed by `CELL_LABEL`,
   recording every reconcile with the members it read and how much of the log had arrived.
 - `eventually`: a bounded wait on a polled condition that fails naming what it awaited.
+- `write_client`: the write client on an `ApiClient` through either transport
+  (`WRITE_TRANSPORTS`: the HTTP/1.1 one `k8s_api.write_transport` picks, or aiohttp's).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from kubernetes_asyncio import client
 
 from miles.utils.k8s_testenv.apiserver_metrics import apiserver_metrics, series_sum
 from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
+from miles.utils.workers.reconcile.client import Client
+from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport, write_transport
+from miles.utils.workers.reconcile.k8s_http import HttpTransport
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import PodListPage
@@ -32,6 +37,9 @@ if TYPE_CHECKING:
     from miles.utils.k8s_testenv.control_plane import ApiServerName
     from miles.utils.workers.reconcile.metrics import MetricsTarget
 
+WRITE_TRANSPORTS = ("http11", "aiohttp")
+"""The write client's transports: ``k8s_http.HttpTransport`` (the default) and
+``KubernetesAsyncioTransport``."""
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/selected"
 SELECTED = "yes"
@@ -336,3 +344,17 @@ def _pods_in(entry: LogEntry) -> Sequence[Pod]:
     if isinstance(entry, PodListPage):
         return entry.pods
     return () if entry.pod is None else (entry.pod,)
+
+
+@asynccontextmanager
+async def write_client(api: Any, transport: str, *, field_manager: str) -> AsyncIterator[Client]:
+    """A ``Client`` on ``api`` (an ``ApiClient``) through the ``transport`` named (one of
+    ``WRITE_TRANSPORTS``), its connections closed on exit."""
+    if transport == "aiohttp":
+        yield Client(
+            transport=KubernetesAsyncioTransport(api_client=api), field_manager=field_manager
+        )
+        return
+    async with write_transport(api) as chosen:
+        assert isinstance(chosen, HttpTransport)
+        yield Client(transport=chosen, field_manager=field_manager)

@@ -1,10 +1,10 @@
-"""Layer: real apiserver (cached), no kubelet. The write client (`client.Client` over
-`KubernetesAsyncioTransport`) against a real kube-apiserver: create, get, replace guarded by
-resourceVersion, merge, JSON (guarded by a `test`) and strategic merge patches, server-side apply
-with its field-manager conflicts and `force`, the status subresource (of a pod and of a custom
-resource: patch, replace, apply; strategic merge refused for the latter before any request), and
-delete with
-preconditions, propagation policy and grace period; typed (a pydantic model) and dynamic (a dict).
+"""Layer: real apiserver (cached), no kubelet. The write client (`client.Client` over each
+transport: `k8s_http.HttpTransport` and `KubernetesAsyncioTransport`) against a real
+kube-apiserver: create, get, replace guarded by resourceVersion, merge, JSON (guarded by a `test`)
+and strategic merge patches, server-side apply with its field-manager conflicts and `force`, the
+status subresource (of a pod and of a custom resource: patch, replace, apply; strategic merge
+refused for the latter before any request), and delete with preconditions, propagation policy
+and grace period; typed (a pydantic model) and dynamic (a dict).
 Each error is the runtime's own, told apart by its reason.
 """
 
@@ -30,7 +30,6 @@ from miles.utils.workers.reconcile.client import (
     StrategicMergePatch,
     retry_on_conflict,
 )
-from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport
 from miles.utils.workers.reconcile.k8s_errors import (
     AlreadyExistsError,
     ConflictError,
@@ -45,6 +44,7 @@ from miles.utils.workers.reconcile.resource import (
     PODS,
     Resource,
 )
+from tests.e2e.k8s_apiserver.harness import write_client
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -74,16 +74,19 @@ def _pod(name: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def writing(kubeconfig: Path) -> AsyncIterator[Client]:
-    """A `Client` on its own `ApiClient`, closed on exit."""
-    async with api_client(kubeconfig) as api:
-        yield Client(transport=KubernetesAsyncioTransport(api_client=api), field_manager="e2e")
+async def writing(kubeconfig: Path, transport: str) -> AsyncIterator[Client]:
+    """A `Client` on its own `ApiClient` through `transport`, closed on exit."""
+    async with (
+        api_client(kubeconfig) as api,
+        write_client(api, transport, field_manager="e2e") as c,
+    ):
+        yield c
 
 
 async def test_create_get_replace_and_conflicts_typed(
-    cached_kubeconfig: Path, k8s_namespace: str
+    cached_kubeconfig: Path, k8s_namespace: str, write_transport_name: str
 ) -> None:
-    async with writing(cached_kubeconfig) as writes:
+    async with writing(cached_kubeconfig, write_transport_name) as writes:
         made = await writes.create(
             CONFIG_MAPS,
             _ConfigMap(metadata=_Meta(name="typed", namespace=k8s_namespace), data={"a": "1"}),
@@ -110,8 +113,10 @@ async def test_create_get_replace_and_conflicts_typed(
             await writes.get(CONFIG_MAPS, "absent", namespace=k8s_namespace)
 
 
-async def test_patches_dynamic(cached_kubeconfig: Path, k8s_namespace: str) -> None:
-    async with writing(cached_kubeconfig) as writes:
+async def test_patches_dynamic(
+    cached_kubeconfig: Path, k8s_namespace: str, write_transport_name: str
+) -> None:
+    async with writing(cached_kubeconfig, write_transport_name) as writes:
         pod = await writes.create(PODS, _pod("patched"), namespace=k8s_namespace)
         version = pod["metadata"]["resourceVersion"]
         merged = await writes.patch(
@@ -152,8 +157,10 @@ async def test_patches_dynamic(cached_kubeconfig: Path, k8s_namespace: str) -> N
         assert status["status"]["conditions"][0]["type"] == "Ready"
 
 
-async def test_apply_conflict_force_and_status(cached_kubeconfig: Path, k8s_namespace: str) -> None:
-    async with writing(cached_kubeconfig) as writes:
+async def test_apply_conflict_force_and_status(
+    cached_kubeconfig: Path, k8s_namespace: str, write_transport_name: str
+) -> None:
+    async with writing(cached_kubeconfig, write_transport_name) as writes:
         desired = {"metadata": {"name": "applied", "namespace": k8s_namespace}, "data": {"k": "a"}}
         first = await writes.apply(CONFIG_MAPS, desired, field_manager="first")
         again = await writes.apply(CONFIG_MAPS, desired, field_manager="first")
@@ -186,9 +193,9 @@ async def test_apply_conflict_force_and_status(cached_kubeconfig: Path, k8s_name
 
 
 async def test_delete_preconditions_and_retry_on_conflict(
-    cached_kubeconfig: Path, k8s_namespace: str
+    cached_kubeconfig: Path, k8s_namespace: str, write_transport_name: str
 ) -> None:
-    async with writing(cached_kubeconfig) as writes:
+    async with writing(cached_kubeconfig, write_transport_name) as writes:
         made = await writes.create(
             CONFIG_MAPS, {"metadata": {"name": "gone"}, "data": {"n": "0"}}, namespace=k8s_namespace
         )
@@ -233,8 +240,10 @@ async def test_delete_preconditions_and_retry_on_conflict(
         assert pending["metadata"]["deletionTimestamp"]
 
 
-async def test_a_dynamic_object_round_trips(cached_kubeconfig: Path, k8s_namespace: str) -> None:
-    async with writing(cached_kubeconfig) as writes:
+async def test_a_dynamic_object_round_trips(
+    cached_kubeconfig: Path, k8s_namespace: str, write_transport_name: str
+) -> None:
+    async with writing(cached_kubeconfig, write_transport_name) as writes:
         desired = DynamicObject.model_validate(
             {"metadata": {"name": "dyn", "namespace": k8s_namespace}, "data": {"k": "1"}}
         )
@@ -269,9 +278,9 @@ async def install_pools(writes: Client) -> None:
 
 
 async def test_a_custom_resources_status_subresource(
-    cached_kubeconfig: Path, k8s_namespace: str
+    cached_kubeconfig: Path, k8s_namespace: str, write_transport_name: str
 ) -> None:
-    async with writing(cached_kubeconfig) as writes:
+    async with writing(cached_kubeconfig, write_transport_name) as writes:
         await install_pools(writes)
         pool = {"metadata": {"name": "pool"}, "spec": {"replicas": 3, "engine": "sglang"}}
         made = await writes.create(POOLS, pool, namespace=k8s_namespace)
