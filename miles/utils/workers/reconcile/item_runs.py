@@ -46,6 +46,8 @@ _WHITESPACE = rb"[ \t\n\r]*"
 _ITEMS_OPEN = re.compile(rb'"items"' + _WHITESPACE + rb":" + _WHITESPACE + rb"\[")
 _FIRST_ITEM = re.compile(rb"(" + _WHITESPACE + rb")\{(" + _WHITESPACE + rb')("(?:[^"\\]|\\.)*")')
 _HEAD_MOST = 64 * 2**10
+_METADATA_KEY = b'"metadata":'
+_ITEM_OPENING_MOST = 256
 RUN_KEY = "\x7f"
 """The one key of a run's document: DEL, which JSON allows unescaped and no printer writes."""
 _RUN_OPEN = b'{"\x7f":['
@@ -114,6 +116,18 @@ def _copied(view: memoryview, pieces: list[tuple[int, int]], run: bytearray) -> 
 
 def _split(document: bytes, run_bytes: int) -> tuple[bytes, list[tuple[int, int]]] | None:
     """The skeleton and the spans of the runs, each a run's first and past-last byte."""
+    found = _skeleton(document)
+    if found is None:
+        return None
+    skeleton, start, end = found
+    spans = _spans(document, start, end, run_bytes)
+    if spans is None or len(spans) < 2:
+        return None
+    return skeleton, spans
+
+
+def _skeleton(document: bytes) -> tuple[bytes, int, int] | None:
+    """The skeleton, and the first and past-last byte of what the items array holds."""
     opening = _ITEMS_OPEN.search(document, 0, _HEAD_MOST)
     items_end = document.rfind(b"]")
     if opening is None or items_end < opening.end():
@@ -122,9 +136,36 @@ def _split(document: bytes, run_bytes: int) -> tuple[bytes, list[tuple[int, int]
     skeleton = head + document[items_end:]
     if not _opens_the_top_level_items(head) or _top_level_keys(skeleton).count("items") != 1:
         return None
-    spans = _spans(document, opening.end(), items_end, run_bytes)
-    if spans is None or len(spans) < 2:
+    return skeleton, opening.end(), items_end
+
+
+def item_spans(document: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
+    """The skeleton and the span of each item, for a caller that validates each span alone as one
+    JSON value; ``None`` where the document is not cut (then validate it whole).
+
+    The items are cut as runs are, but before every item whose opening repeats the first item's
+    bytes up to and including its ``"metadata":`` key (``apiVersion`` and ``kind`` first, as an
+    apiserver writes a custom resource's list; its first key alone where ``metadata`` is not
+    near): an object nested in an item seldom opens so. A span that is one JSON value alone
+    balances its brackets outside strings, so the cut after it lies between two items of the
+    top-level array; one cut elsewhere leaves a span that is not one value, and the caller reads
+    the document whole."""
+    found = _skeleton(document)
+    if found is None:
         return None
+    skeleton, start, end = found
+    first = _FIRST_ITEM.match(document, start, end)
+    if first is None:
+        return None
+    opening = first.end(1)
+    key = document.find(_METADATA_KEY, opening, opening + _ITEM_OPENING_MOST)
+    anchor_end = key + len(_METADATA_KEY) if key != -1 else first.end()
+    between = b"}," + first.group(1) + document[opening:anchor_end]
+    spans: list[tuple[int, int]] = []
+    while (cut := document.find(between, start, end)) != -1:
+        spans.append((start, cut + 1))
+        start = cut + 2
+    spans.append((start, end))
     return skeleton, spans
 
 

@@ -10,12 +10,15 @@ its ``metadata`` an ``ObjectMeta``. ``DynamicObject`` types ``apiVersion``, ``ki
 read-only view) or ``obj["spec"]``. ``PartialObjectMetadata`` holds the metadata alone.
 
 All three validate straight from bytes (``model_validate_json``), as ``Pod`` does; the wire
-decoders (``k8s_wire.ObjectDecoder``) cut ``managedFields`` out first, which no model holds.
+decoders (``k8s_wire.ObjectDecoder``) cut ``managedFields`` out first, which no model holds. A
+``DynamicObject`` decoded from a LIST (``deferred_validator``) keeps its object's JSON bytes in
+place of the rest until that is first read (row "``DynamicObject``: the rest parsed on first
+read" in docs/reconcile-loop.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -31,6 +34,7 @@ __all__ = [
     "ObjectMeta",
     "ObjectModel",
     "PartialObjectMetadata",
+    "deferred_validator",
 ]
 
 
@@ -81,9 +85,25 @@ class DynamicObject(KubernetesObject):
     """An object of any kind without a model (kube-rs ``DynamicObject``): ``api_version``, ``kind``
     and ``metadata`` typed, every other top-level field (``spec``, ``status``, ``data``...) kept
     as the JSON parsed, read through ``obj["spec"]``, ``obj.get("status")`` or the read-only
-    mapping ``obj.data``. The values are shared with the cache: read them, never change them."""
+    mapping ``obj.data``. The values are shared with the cache: read them, never change them.
+
+    One built by ``deferred_validator`` parses the rest on its first read, any read: ``data``,
+    an item, ``==``, ``model_dump``, ``pickle``; it then is, and compares equal to, the object
+    ``model_validate_json`` makes of the same bytes."""
 
     model_config = ConfigDict(frozen=True, extra="allow", from_attributes=False)
+
+    @property  # type: ignore[misc]
+    def __pydantic_extra__(self) -> dict[str, Any] | None:
+        extra = _EXTRA_SLOT.__get__(self, type(self))
+        if isinstance(extra, bytes):
+            extra = type(self).model_validate_json(extra).__pydantic_extra__
+            _EXTRA_SLOT.__set__(self, extra)
+        return extra  # type: ignore[no-any-return]
+
+    @__pydantic_extra__.setter
+    def __pydantic_extra__(self, extra: dict[str, Any] | None) -> None:
+        _EXTRA_SLOT.__set__(self, extra)
 
     @property
     def data(self) -> Mapping[str, Any]:
@@ -95,3 +115,36 @@ class DynamicObject(KubernetesObject):
 
     def get(self, key: str, default: Any = None) -> Any:
         return (self.__pydantic_extra__ or {}).get(key, default)
+
+
+_EXTRA_SLOT = BaseModel.__dict__["__pydantic_extra__"]
+"""The slot pydantic keeps a model's extra fields in: a ``DynamicObject`` from
+``deferred_validator`` holds its JSON bytes there until they are first read."""
+
+_Dynamic = TypeVar("_Dynamic", bound=DynamicObject)
+
+
+def deferred_validator(model: type[_Dynamic]) -> Callable[[bytes], _Dynamic]:
+    """``model.model_validate_json`` for one object's JSON, except that only the model's own
+    fields (``apiVersion``, ``kind``, ``metadata``) become Python values now: the bytes, checked
+    as JSON whole, stand for the rest until it is first read (about half of a pod-sized custom
+    object's decode and two thirds of its memory in the cache: row "``DynamicObject``: the rest
+    parsed on first read"). Raises ``ValidationError`` where ``model_validate_json`` would."""
+
+    class _Head(model):  # type: ignore[valid-type,misc]
+        model_config = ConfigDict(extra="ignore")
+
+    head = _Head.model_validate_json
+    new = object.__new__
+    put = object.__setattr__
+
+    def validate(data: bytes) -> _Dynamic:
+        parsed = head(data)
+        obj = new(model)
+        put(obj, "__dict__", parsed.__dict__)
+        put(obj, "__pydantic_fields_set__", parsed.__pydantic_fields_set__)
+        put(obj, "__pydantic_private__", parsed.__pydantic_private__)
+        _EXTRA_SLOT.__set__(obj, data)
+        return obj
+
+    return validate

@@ -19,14 +19,16 @@ across a whole paged LIST.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import from_json
 
 from miles.utils.workers.reconcile.gc_pause import COLLECTOR
+from miles.utils.workers.reconcile.item_runs import item_spans
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
+from miles.utils.workers.reconcile.k8s_objects import DynamicObject, deferred_validator
 from miles.utils.workers.reconcile.k8s_types import (
     FrameMetadata,
     Pod,
@@ -40,7 +42,10 @@ from miles.utils.workers.reconcile.k8s_values import (
     PodWatchEvent,
     WatchEvent,
 )
-from miles.utils.workers.reconcile.managed_fields import validated_without_managed_fields
+from miles.utils.workers.reconcile.managed_fields import (
+    validated_without_managed_fields,
+    without_managed_fields,
+)
 
 
 class _Envelope(BaseModel):
@@ -249,6 +254,26 @@ def decode_watch_read(lines: list[bytes], *, listing: bool) -> Iterator[PodWatch
 _M = TypeVar("_M", bound=BaseModel)
 
 
+def _deferred_list(
+    validate: Callable[[bytes], _M], body: bytes
+) -> tuple[list[_M], _ListMeta] | None:
+    """The items of a LIST body, managed fields cut, each validated alone by ``validate`` (a
+    ``deferred_validator``; ``item_runs.item_spans`` cuts them), and the list's metadata; ``None``
+    where the body is not cut so or anything in it does not validate: the caller then decodes it
+    whole."""
+    cut = without_managed_fields(body)
+    split = item_spans(cut)
+    if split is None:
+        return None
+    skeleton, spans = split
+    try:
+        envelope = _RawPodList.model_validate_json(skeleton)
+        items = [validate(cut[start:end]) for start, end in spans]
+    except ValidationError:
+        return None
+    return (items, envelope.metadata) if envelope.items == [] else None
+
+
 class _NamedMeta(_Envelope):
     name: Any = None
     namespace: Any = None
@@ -274,6 +299,9 @@ class ObjectDecoder(Generic[_M]):
             object: model  # type: ignore[valid-type]
 
         self._list = _List
+        self._deferred: Callable[[bytes], _M] | None = None
+        if issubclass(model, DynamicObject):
+            self._deferred = deferred_validator(model)
         self._frame: TypeAdapter[Any] = TypeAdapter(
             Annotated[_Frame | _StatusFrame | _BookmarkFrame, Field(discriminator="type")]
         )
@@ -282,20 +310,22 @@ class ObjectDecoder(Generic[_M]):
     def decode_list(self, body: bytes) -> tuple[ListPage[_M], list[FrameDecodeError]]:
         """A LIST body as a page, plus one error per item that does not decode (left out)."""
         with COLLECTOR.held():
+            if self._deferred is not None and (items := _deferred_list(self._deferred, body)):
+                return self._named(*items)
             try:
                 page = validated_without_managed_fields(self._list.model_validate_json, body)
             except ValidationError:
                 return self._item_by_item(body)
-        items: list[_M] = page.items
+        return self._named(page.items, page.metadata)
+
+    def _named(
+        self, items: list[_M], meta: _ListMeta
+    ) -> tuple[ListPage[_M], list[FrameDecodeError]]:
         if all(item.metadata.name for item in items):  # type: ignore[attr-defined]
-            return ListPage(
-                tuple(items), page.metadata.resource_version, page.metadata.continue_token or None
-            ), []
+            return ListPage(tuple(items), meta.resource_version, meta.continue_token or None), []
         kept = [item for item in items if item.metadata.name]  # type: ignore[attr-defined]
         rejects = [self._nameless(item) for item in items if not item.metadata.name]  # type: ignore[attr-defined]
-        return ListPage(
-            tuple(kept), page.metadata.resource_version, page.metadata.continue_token or None
-        ), rejects
+        return ListPage(tuple(kept), meta.resource_version, meta.continue_token or None), rejects
 
     def _nameless(self, obj: Any, event_type: str | None = None) -> FrameDecodeError:
         meta = obj.metadata

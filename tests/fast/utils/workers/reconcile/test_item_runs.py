@@ -251,3 +251,35 @@ def test_managed_fields_kept_run_by_run_are_the_whole_cut(chunks: list[bytes]) -
         assert b"".join(data[a:b] for a, b in spans) == managed_fields.without_managed_fields(data)
     else:
         assert data.rfind(b"]") < data.rfind(b',"managedFields":[')
+
+
+@given(documents())
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_items_cut_one_by_one_are_the_documents_items_when_each_reads_as_one_value(
+    document: bytes,
+) -> None:
+    """``item_spans``' proof: where the skeleton and every span read as one JSON value, the spans
+    are the top-level items, whatever strings, nested lists or repeated openings they hold."""
+    split = item_runs.item_spans(document)
+    if split is None:
+        event("not cut")
+        return
+    skeleton, spans = split
+    try:
+        items = [json.loads(document[start:end]) for start, end in spans]
+        json.loads(skeleton)
+    except ValueError:
+        event("a span is not one value")
+        return
+    event(f"cut into {len(spans)}")
+    assert items == json.loads(document)["items"]
+
+
+@pytest.mark.parametrize("document", PRINTS.values(), ids=PRINTS.keys())
+def test_both_printers_documents_are_cut_at_every_item(document: bytes) -> None:
+    split = item_runs.item_spans(document)
+    assert split is not None
+    _, spans = split
+    assert [json.loads(document[start:end])["metadata"]["name"] for start, end in spans] == [
+        pod["metadata"]["name"] for pod in PODS
+    ]

@@ -5,12 +5,17 @@ an object that does not validate, or has no name, is named and left out (record 
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from miles.utils.workers.reconcile import k8s_objects
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
 from miles.utils.workers.reconcile.k8s_objects import (
     DynamicObject,
@@ -216,3 +221,104 @@ def test_a_user_models_fields_read_both_spellings(status: dict[str, Any]) -> Non
     pool = _Pool.model_validate_json(json.dumps({"status": status}).encode())
     assert (pool.status.ready_replicas, pool.status.observed_generation) == (3, 2)
     assert set(_Status.model_fields) == {"ready_replicas", "observed_generation"}
+
+
+def _unread(obj: DynamicObject) -> bool:
+    return isinstance(k8s_objects._EXTRA_SLOT.__get__(obj, DynamicObject), bytes)
+
+
+def _eager(item: dict[str, Any]) -> DynamicObject:
+    return DynamicObject.model_validate_json(json.dumps(item).encode())
+
+
+def test_a_listed_dynamic_object_keeps_its_rest_as_bytes_until_first_read() -> None:
+    decoder = ObjectDecoder(DynamicObject, kind="EnginePool")
+    page, rejects = decoder.decode_list(_list(_pool("a"), _pool("b", replicas=5)))
+    a, b = page.objects
+    assert rejects == []
+    assert (page.resource_version, page.continue_token) == ("50", None)
+    assert _unread(a)
+    assert _unread(b)
+    assert (a.kind, a.metadata.name, a.metadata.labels) == ("EnginePool", "a", {"app": "x"})
+    assert _unread(a), "the typed fields are read without parsing the rest"
+    assert a["spec"] == {"replicas": 2, "engine": 7}
+    assert not _unread(a)
+    assert a.get("status") == {"ready": 1}
+    assert a.get("absent", 0) == 0
+    assert b.data == {"spec": {"replicas": 5, "engine": 7}, "status": {"ready": 1}}
+    with pytest.raises(TypeError):
+        b.data["spec"] = {}  # type: ignore[index]
+    with pytest.raises(ValidationError):
+        b.kind = "Other"
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda o: o == _eager(_pool("a")),
+        lambda o: _eager(_pool("a")) == o,
+        lambda o: pickle.loads(pickle.dumps(o)) == _eager(_pool("a")),
+        lambda o: copy.deepcopy(o) == _eager(_pool("a")),
+        lambda o: o.model_dump() == _eager(_pool("a")).model_dump(),
+        lambda o: o.model_dump_json() == _eager(_pool("a")).model_dump_json(),
+        lambda o: repr(o) == repr(_eager(_pool("a"))),
+        lambda o: o.model_copy(update={"kind": "K"}).get("spec") == _pool("a")["spec"],
+        lambda o: o != _eager(_pool("a", replicas=3)),
+    ],
+    ids=["eq", "eq-reflected", "pickle", "deepcopy", "dump", "dump-json", "repr", "copy", "ne"],
+)
+def test_any_first_read_of_a_listed_dynamic_object_sees_the_object_parsed_whole(read: Any) -> None:
+    decoder = ObjectDecoder(DynamicObject, kind="EnginePool")
+    page, _ = decoder.decode_list(_list(_pool("a"), _pool("b")))
+    assert _unread(page.objects[0])
+    assert read(page.objects[0])
+
+
+def test_a_list_not_cut_at_its_items_is_decoded_whole_the_same() -> None:
+    """An item whose spec holds an object opening as an item does: the span cut there is not one
+    JSON value, and the body is decoded whole."""
+    nested = _pool("a")
+    child = _pool("c")
+    del child["metadata"]["managedFields"]
+    nested["spec"]["children"] = [{"x": 1}, child]
+    page, _ = ObjectDecoder(DynamicObject, kind="EnginePool").decode_list(_list(nested, _pool("b")))
+    assert [o.metadata.name for o in page.objects] == ["a", "b"]
+    assert not _unread(page.objects[0])
+    assert page.objects[0] == _eager(nested)
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(alphabet='ab{}[],:"\\ ', max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+
+
+@st.composite
+def _items(draw: st.DrawFn) -> Any:
+    item = _pool(draw(st.sampled_from(["a", "b", ""])))
+    for key in draw(st.lists(st.sampled_from(["spec", "status", "metadata", "x", "kind"]))):
+        item[key] = draw(_values | st.builds(_pool, st.sampled_from(["n", "m"])))
+    return draw(st.sampled_from([item, item, item, None, 7]))
+
+
+@given(st.lists(_items(), max_size=5))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_dynamic_list_decodes_as_it_does_whole(items: list[Any]) -> None:
+    body = json.dumps(
+        {"apiVersion": "v", "items": items, "kind": "L", "metadata": {"resourceVersion": "9"}},
+        separators=(",", ":"),
+    ).encode()
+    deferred = ObjectDecoder(DynamicObject, kind="EnginePool")
+    whole = ObjectDecoder(DynamicObject, kind="EnginePool")
+    whole._deferred = None
+    try:
+        expected: Any = whole.decode_list(body)
+    except FrameDecodeError as err:
+        with pytest.raises(FrameDecodeError, match=str(err)):
+            deferred.decode_list(body)
+        return
+    (page, rejects) = deferred.decode_list(body)
+    event(f"deferred: {any(_unread(obj) for obj in page.objects)}")
+    assert page == expected[0]
+    assert [str(r) for r in rejects] == [str(r) for r in expected[1]]
