@@ -43,7 +43,7 @@ import ssl
 import tempfile
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +54,6 @@ from miles.utils.k8s_testenv.errors import K8sTestEnvError
 from miles.utils.k8s_testenv.loop_thread import LoopThread
 from miles.utils.k8s_testenv.ports import LOOPBACK
 from miles.utils.k8s_testenv.tcp_proxy import reset_transport
-from miles.utils.workers.reconcile.clock import Clock, RealClock
 
 _HEAD_LIMIT = 1024 * 1024
 _PIECE = 64 * 1024
@@ -253,17 +252,21 @@ class Chunk:
 
 
 async def delay_line(
-    chunks: AsyncIterator[Chunk], hold: Callable[[Chunk], float], *, clock: Clock
+    chunks: AsyncIterator[Chunk],
+    hold: Callable[[Chunk], float],
+    *,
+    now: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> AsyncGenerator[Chunk, None]:
     """`chunks`, read ahead as they arrive, each yielded `hold(chunk)` seconds after its arrival
     and never before the one ahead of it. An error reading them is raised after the chunks that
-    arrived before it."""
+    arrived before it. `now` and `sleep` are a clock's (a test's fake one)."""
     line: asyncio.Queue[tuple[float, Chunk] | Exception | None] = asyncio.Queue()
 
     async def read() -> None:
         try:
             async for chunk in chunks:
-                line.put_nowait((clock.time() + hold(chunk), chunk))
+                line.put_nowait((now() + hold(chunk), chunk))
         except Exception as err:
             line.put_nowait(err)
         else:
@@ -276,8 +279,8 @@ async def delay_line(
             if isinstance(arrived, Exception):
                 raise arrived
             due = max(due, arrived[0])
-            if (wait := due - clock.time()) > 0:
-                await clock.sleep(wait)
+            if (wait := due - now()) > 0:
+                await sleep(wait)
             yield arrived[1]
     finally:
         reader.cancel()
@@ -667,7 +670,7 @@ class HttpFaultProxy:
         client = connection.client
         chunks = _read_chunks(upstream)
         if self._delaying(head):
-            chunks = delay_line(chunks, lambda chunk: self._hold(head, chunk), clock=RealClock())
+            chunks = delay_line(chunks, lambda chunk: self._hold(head, chunk))
         async with contextlib.aclosing(chunks):
             async for chunk in chunks:
                 self._hold_if_frozen(head, connection)

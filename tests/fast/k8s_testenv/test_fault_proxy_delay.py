@@ -50,7 +50,7 @@ class _Client:
         self.received: list[tuple[float, bytes]] = []
         self.error: BaseException | None = None
         self._clock = clock
-        self._line = delay_line(upstream.chunks(), hold, clock=clock)
+        self._line = delay_line(upstream.chunks(), hold, now=clock.time, sleep=clock.sleep)
         self.task = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
