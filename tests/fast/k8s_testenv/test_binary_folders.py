@@ -78,19 +78,21 @@ def test_without_go_the_binaries_present_are_used_as_they_are(
     assert (paths.etcd, paths.kube_apiserver) == (tmp_path / "etcd", tmp_path / "kube-apiserver")
 
 
-def _env_up(capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def _env_up_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], bin_dir: Path
+) -> list[str]:
+    """`env up` with MILES_K8S_BIN_DIR at `bin_dir`: exits 2; returns the lines of its stderr."""
+    monkeypatch.setenv("MILES_K8S_BIN_DIR", str(bin_dir))
     code = cli.main(["env", "up"], out=io.StringIO())
-    return code, capsys.readouterr().err
+    assert code == 2
+    return capsys.readouterr().err.splitlines()
 
 
 def test_env_up_without_go_or_binaries_is_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _without_go(monkeypatch, tmp_path)
-    monkeypatch.setenv("MILES_K8S_BIN_DIR", str(tmp_path / "bin"))
-    code, err = _env_up(capsys)
-    assert code == 2
-    assert err.splitlines() == [
+    assert _env_up_fails(monkeypatch, capsys, tmp_path / "bin") == [
         f"miles-reconcile: error: etcd, kube-apiserver not built in {tmp_path / 'bin'} and the "
         "Go toolchain is not on PATH: install Go >= 1.26 to build them from the pins, or point "
         "MILES_K8S_BIN_DIR at a folder of built binaries"
@@ -103,10 +105,7 @@ def test_env_up_with_a_binary_folder_that_cannot_be_created_is_one_line(
     _with_fake_go(monkeypatch, tmp_path)
     (tmp_path / "a-file").write_text("")
     folder = tmp_path / "a-file" / "bin"
-    monkeypatch.setenv("MILES_K8S_BIN_DIR", str(folder))
-    code, err = _env_up(capsys)
-    assert code == 2
-    assert err.splitlines() == [
+    assert _env_up_fails(monkeypatch, capsys, folder) == [
         f"miles-reconcile: error: etcd, kube-apiserver not built in {folder} and {folder} cannot "
         "be created (Not a directory): set MILES_K8S_BIN_DIR to a writable folder, or to one of "
         "built binaries"
