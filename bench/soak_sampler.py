@@ -33,7 +33,7 @@ import time
 import tracemalloc
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,7 @@ def slope_per_hour(points: list[tuple[float, float]]) -> float | None:
     return 3600 * sum((t - mean_t) * (v - mean_v) for t, v in points) / spread
 
 
+@dataclass(kw_only=True, eq=False)
 class ResourceSampler:
     """`async with ResourceSampler(period=10, warmup=60, log_path=...) as sampler:` samples
     until the block ends; `report()` prints the table. Growth is fitted from `warmup` seconds on,
@@ -160,41 +161,29 @@ class ResourceSampler:
     `rss_less_pods_mib` is RSS minus `pod_kib` per stored pod: the growth the pool does not
     explain."""
 
-    def __init__(
-        self,
-        *,
-        period: float,
-        warmup: float,
-        log_path: Path,
-        stored_pods: Callable[[], int],
-        lists: Callable[[], int] = lambda: 0,
-        trace_allocations: bool = True,
-        title: str = "the soak process",
-        pod_kib: float = 0.0,
-    ) -> None:
-        self._title = title
-        self._pod_kib = pod_kib
-        self.glibc = glibc()
-        self._types_at_warmup: Counter[str] | None = None
-        self._types_growth: list[str] = []
-        self._trimmed: tuple[float, float] | None = None
-        self._stored_pods = stored_pods
-        self._lists = lists
-        self._period = period
-        self._warmup = warmup
-        self._log_path = log_path
-        self._trace = trace_allocations
-        self._started = 0.0
-        self._task: asyncio.Task[None] | None = None
-        self.samples: list[Sample] = []
-        self._baseline: tracemalloc.Snapshot | None = None
-        self._latest: tracemalloc.Snapshot | None = None
+    period: float
+    warmup: float
+    log_path: Path
+    stored_pods: Callable[[], int]
+    lists: Callable[[], int] = lambda: 0
+    trace_allocations: bool = True
+    title: str = "the soak process"
+    pod_kib: float = 0.0
+    glibc: ctypes.CDLL | None = field(default_factory=glibc, init=False)
+    samples: list[Sample] = field(default_factory=list, init=False)
+    _types_at_warmup: Counter[str] | None = field(default=None, init=False)
+    _types_growth: list[str] = field(default_factory=list, init=False)
+    _trimmed: tuple[float, float] | None = field(default=None, init=False)
+    _started: float = field(default=0.0, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _baseline: tracemalloc.Snapshot | None = field(default=None, init=False)
+    _latest: tracemalloc.Snapshot | None = field(default=None, init=False)
 
     async def __aenter__(self) -> ResourceSampler:
-        if self._trace:
+        if self.trace_allocations:
             tracemalloc.start(1)
         self._started = time.monotonic()
-        self._log_path.write_text("\t".join(f.name for f in fields(Sample)) + "\n")
+        self.log_path.write_text("\t".join(f.name for f in fields(Sample)) + "\n")
         self._take()
         self._task = asyncio.create_task(self._run(), name="soak-resource-sampler")
         return self
@@ -206,7 +195,7 @@ class ResourceSampler:
         self._take()
         self._types_growth = self._type_growth()
         self._trimmed = self._trim()
-        if self._trace:
+        if self.trace_allocations:
             tracemalloc.stop()
 
     def _trim(self) -> tuple[float, float] | None:
@@ -219,7 +208,7 @@ class ResourceSampler:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self._period)
+            await asyncio.sleep(self.period)
             self._take()
 
     def _take(self) -> None:
@@ -227,13 +216,13 @@ class ResourceSampler:
         rss, anon = rss_mib(), status_mib("RssAnon")
         used, free = heap_mib(self.glibc)
         arenas, in_arenas = pymalloc_mib()
-        traced = tracemalloc.get_traced_memory()[0] / _MIB if self._trace else 0.0
-        pods = self._stored_pods()
+        traced = tracemalloc.get_traced_memory()[0] / _MIB if self.trace_allocations else 0.0
+        pods = self.stored_pods()
         sample = Sample(
             at=round(at, 1),
             rss_mib=round(rss, 2),
             rss_anon_mib=round(anon, 2),
-            rss_less_pods_mib=round(rss - pods * self._pod_kib / 1024, 2),
+            rss_less_pods_mib=round(rss - pods * self.pod_kib / 1024, 2),
             heap_used_mib=round(used, 2),
             heap_free_mib=round(free, 2),
             anon_off_heap_mib=round(anon - used - free, 2),
@@ -247,26 +236,26 @@ class ResourceSampler:
             traced_mib=round(traced, 2),
             tracemalloc_own_mib=round(tracemalloc.get_tracemalloc_memory() / _MIB, 2),
             stored_pods=pods,
-            lists=self._lists(),
+            lists=self.lists(),
         )
-        if self._types_at_warmup is None and at >= self._warmup:
+        if self._types_at_warmup is None and at >= self.warmup:
             self._types_at_warmup = _type_counts()
         self.samples.append(sample)
-        with self._log_path.open("a") as log:
+        with self.log_path.open("a") as log:
             log.write("\t".join(str(getattr(sample, f.name)) for f in fields(Sample)) + "\n")
-        if self._trace:
+        if self.trace_allocations:
             snapshot = tracemalloc.take_snapshot()
-            if self._baseline is None and at >= self._warmup:
+            if self._baseline is None and at >= self.warmup:
                 self._baseline = snapshot
             self._latest = snapshot
 
     def report(self) -> str:
         lines = summarize(
             self.samples,
-            title=f"{self._title} (pid {os.getpid()})",
-            period=self._period,
-            warmup=self._warmup,
-            pod_kib=self._pod_kib,
+            title=f"{self.title} (pid {os.getpid()})",
+            period=self.period,
+            warmup=self.warmup,
+            pod_kib=self.pod_kib,
         )
         if self._trimmed is not None:
             rss_before, rss_after = self._trimmed
@@ -289,7 +278,7 @@ class ResourceSampler:
         ]
 
     def _top_growth(self) -> list[str]:
-        if not self._trace:
+        if not self.trace_allocations:
             return ["tracemalloc: off"]
         if self._baseline is None or self._latest is None or self._baseline is self._latest:
             return ["tracemalloc: the run ended before the warm-up did, no growth to compare"]
