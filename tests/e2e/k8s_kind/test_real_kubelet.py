@@ -80,6 +80,18 @@ def _template(cell: str, *, version: str) -> dict[str, Any]:
     }
 
 
+def _workload(kind: str, name: str, cell: str, **spec: Any) -> dict[str, Any]:
+    """An apps/v1 workload of two engine pods of `cell` (template version 1), plus `spec`."""
+    selector = {"matchLabels": _labels(cell)}
+    template = _template(cell, version="1")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {"replicas": 2, "selector": selector, "template": template, **spec},
+    }
+
+
 async def _listed(cells: CellHarness, cell: str) -> dict[str, Identity]:
     pods = await cells.core_v1.list_namespaced_pod(
         cells.namespace, label_selector=f"{CELL_LABEL}={cell}"
@@ -262,18 +274,9 @@ async def test_statefulset_scales_and_a_deleted_pod_returns_under_its_name_with_
 ) -> None:
     async with asyncio.timeout(240), CellHarness.open(real_layer) as cells:
         apps: Any = client.AppsV1Api(cells.core_v1.api_client)
-        body = {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "eng"},
-            "spec": {
-                "replicas": 2,
-                "serviceName": "eng",
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": _labels("s")},
-                "template": _template("s", version="1"),
-            },
-        }
+        body = _workload(
+            "StatefulSet", "eng", "s", serviceName="eng", podManagementPolicy="Parallel"
+        )
         await apps.create_namespaced_stateful_set(cells.namespace, body)
         assert (await _wait_for_cell(cells, "s", 2)).names == {"eng-0", "eng-1"}
         for replicas, names in ((3, {"eng-0", "eng-1", "eng-2"}), (1, {"eng-0"})):
@@ -308,17 +311,8 @@ async def test_statefulset_scales_and_a_deleted_pod_returns_under_its_name_with_
 async def test_deployment_rollout_replaces_every_pod_of_the_cell(real_layer: KubeletLayer) -> None:
     async with asyncio.timeout(240), CellHarness.open(real_layer) as cells:
         apps: Any = client.AppsV1Api(cells.core_v1.api_client)
-        body = {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "web"},
-            "spec": {
-                "replicas": 2,
-                "selector": {"matchLabels": _labels("d")},
-                "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-                "template": _template("d", version="1"),
-            },
-        }
+        surge = {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+        body = _workload("Deployment", "web", "d", strategy=surge)
         await apps.create_namespaced_deployment(cells.namespace, body)
         before = await _wait_for_cell(cells, "d", 2)
         old_uids = {p.metadata.uid for p in before.members}
