@@ -3,11 +3,12 @@
 Layer: k8s_apiserver (differential), on the module's own control plane (etcd, a cached and a
 cache-less kube-apiserver, KWOK; the real node only if it runs here, and it plays no part). Both
 clients watch the cache-less apiserver through the harness's `TcpProxy` and `HttpFaultProxy`; the
-proxy breaks the MODIFIED frame of one label write to a pod both stores hold, once on each
-client's watch (told apart by User-Agent): a frame without a name, a frame whose JSON is cut
-inside the name, or its chunk's framing broken. Each fault runs on a fresh harness, so our
-reflector's backoff is at its first step, and each client's time is from the write until its store
-equals a fresh LIST for good (`Checkpoints`, polled every 0.1 s).
+proxy breaks the MODIFIED frame of one label write to a pod both stores hold, and of one to an
+engine pool they hold, once on each client's watch of that kind (told apart by User-Agent): a
+frame without a name, a frame whose JSON is cut inside the name, or its chunk's framing broken.
+Each fault runs on a fresh harness, so our reflector's backoff is at its first step, and each
+client's time is from the write until its stores equal a fresh LIST for good (`Checkpoints`,
+polled every 0.1 s).
 """
 
 from __future__ import annotations
@@ -53,9 +54,10 @@ async def test_a_broken_frame_converges_ours_within_one_backoff_step_beside_clie
     """Ours equals a fresh LIST within one backoff step (plus `SLACK`) of the write whose frame
     was broken, relisting once for an unreadable frame and never for a broken chunk. client-go
     must converge too after a cut frame or a broken chunk (its decoder's error ends the watch);
-    after a frame without a name it is allowed only the ghost Go's semantics predict (the pod's
-    new state under the key '<namespace>/', the pod stale), which the harness reports and heals
-    by restarting it. Both times are printed."""
+    after a frame without a name it is allowed only the ghosts Go's semantics predict, one in
+    each of its stores (the pod's, and the pool's, new state under the key '<namespace>/', the
+    object stale), which the harness reports and heals by restarting it. Both times are
+    printed."""
     env = differential_env
     with logs_to(tmp_path / "runtime.log"):
         async with DifferentialHarness(
@@ -83,5 +85,6 @@ async def test_a_broken_frame_converges_ours_within_one_backoff_step_beside_clie
     assert stats.our_relists[fault] == OUR_RELISTS[fault], stats.report()
     if fault is FaultKind.FRAME_WITHOUT_NAME:
         assert stats.client_go_diverged[fault] == (took.client_go is None)
+        assert took.client_go_diverged is None or "(engine pools)" in took.client_go_diverged
     else:
         assert took.client_go is not None, stats.report()

@@ -134,3 +134,39 @@ def test_client_go_keeping_a_nameless_frame_as_a_ghost_is_told_exactly() -> None
     ):
         comparison = Comparison(truth=truth, ours=truth, oracle=wrong, reconciled=truth)
         assert ghost.explain(comparison) is None, wrong
+
+
+def test_client_go_keeping_a_nameless_pool_frame_as_a_ghost_is_told_per_kind() -> None:
+    """The pools' frame loses its name too: client-go's dynamic informer keeps the pool's ghost in
+    its own store, which is explained with the pods' ghost, or alone where the pods' view is right;
+    a pool view wrong in any other way, or a pool ghost where none was predicted, is not."""
+    pool = PodRow(uid="uid-p-000000", resource_version="20", parent="cell-0")
+    moved = dataclasses.replace(pool, resource_version="21")
+    pool_truth = {"pool-1": moved}
+    pool_ghost = {GHOST_NAME: moved, "pool-1": pool}
+
+    def comparison(pod_oracle: dict[str, PodRow], pool_oracle: dict[str, PodRow]) -> Comparison:
+        pods = {"a": A, "b": B}
+        pools = Comparison(
+            truth=pool_truth, ours=pool_truth, oracle=pool_oracle, reconciled=pool_truth
+        )
+        return Comparison(truth=pods, ours=pods, oracle=pod_oracle, reconciled=pods, pools=pools)
+
+    pods_right = {"a": A, "b": B}
+    alone = NamelessGhost("a", "pool-1").explain(comparison(pods_right, pool_ghost))
+    assert alone is not None
+    assert "kept pool-1 at rv=20 (engine pools)" in alone
+    assert "(pods)" not in alone
+    moved_a = dataclasses.replace(A, resource_version="13")
+    both_truth = comparison(pods_right, pool_ghost)
+    both = dataclasses.replace(
+        both_truth, truth={"a": moved_a, "b": B}, oracle={GHOST_NAME: moved_a, "a": A, "b": B}
+    )
+    explained = NamelessGhost("a", "pool-1").explain(both)
+    assert explained is not None
+    assert "kept a at rv=10 (pods)" in explained
+    assert "kept pool-1 at rv=20 (engine pools)" in explained
+    assert NamelessGhost("a").explain(comparison(pods_right, pool_ghost)) is None
+    assert NamelessGhost("a", "pool-1").explain(comparison(pods_right, pool_truth)) is None
+    for wrong in ({"pool-1": pool}, {GHOST_NAME: moved}, {GHOST_NAME: pool, "pool-1": pool}):
+        assert NamelessGhost("a", "pool-1").explain(comparison(pods_right, wrong)) is None, wrong

@@ -4,14 +4,15 @@ Go counterpart: none. The TCP proxy cuts and silences connections, the HTTP prox
 statuses, corrupts chunks and black-holes connections, and the control plane restarts its
 apiserver and etcd, compacts history and restores etcd from a snapshot. The broken frames
 (the record's `k8s_reflector.py` row "Malformed frames") break the frame of one write on each
-client's watch, one proxy fault per client told apart by its User-Agent, and are timed from that
-write.
+client's watch of each kind, one proxy fault per client and kind, the client told apart by its
+User-Agent, and are timed from that write.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -45,8 +46,10 @@ from miles.utils.k8s_testenv.testing.differential.writer import Writer
 logger = logging.getLogger(__name__)
 
 _IN_FAULT_OPS = 3
-WATCHED = rf"{PODS}|/apis/miles\.io/v1alpha1/namespaces/[^/]+/enginepools$"
-"""The paths both clients list and watch: pods and engine pools (`engine_pools.ENGINE_POOLS`)."""
+POOLS = r"/apis/miles\.io/v1alpha1/namespaces/[^/]+/enginepools$"
+"""The path of engine pools (`engine_pools.ENGINE_POOLS`) in a namespace."""
+WATCHED = f"{PODS}|{POOLS}"
+"""The paths both clients list and watch: pods and engine pools."""
 WATCH = Match(watch=True, path=WATCHED)
 _FRAME_MET_WITHIN = 15.0
 """Seconds for each client's watch to carry the write's frame to the proxy (a watch being
@@ -151,31 +154,43 @@ class Faults:
         return time.monotonic()
 
     async def _break_a_frame(self, fault: FaultKind) -> Healed:
-        """A label write to a pod both clients hold, whose frame the proxy breaks on each client's
-        watch: without its name, cut inside its name, or in a chunk whose framing
-        breaks (that connection then held open and silent). A frame without a name decodes in Go,
-        so client-go is expected to keep the ghost `NamelessGhost` describes."""
+        """A label write to a pod both clients hold, and one to an engine pool they hold where
+        pools are watched, whose frames the proxy breaks on each client's watch of that kind:
+        without its name, cut inside its name, or in a chunk whose framing breaks (that
+        connection then held open and silent). A frame without a name decodes in Go, so
+        client-go is expected to keep the ghosts `NamelessGhost` describes, one per kind."""
         pod = self.writer.held_pod()
         if pod is None:
             raise FaultUnsupportedError("no pod both clients hold to write to")
+        pools = self.writer.pools
+        pool = None if pools is None else pools.held()
+        breakage = self._breakage(fault, pod)
+        frames = [("pods", PODS, breakage)]
+        if pool is not None:
+            frames.append(("engine pools", POOLS, dataclasses.replace(breakage, pod=pool)))
         proxy = self.rig.http_proxy
         armed = {
-            agent: proxy.add(
-                Match(watch=True, path=PODS, user_agent=agent), self._breakage(fault, pod), count=1
+            f"the {kind}' watch of {agent}*": proxy.add(
+                Match(watch=True, path=path, user_agent=agent), action, count=1
             )
+            for kind, path, action in frames
             for agent in (OURS_USER_AGENT, ORACLE_USER_AGENT)
         }
         try:
             written_at = time.monotonic()
             await self.writer.mutate(OpKind.RELABEL, pod)
-            await _until_applied(armed, f"{fault.value} of {pod}")
+            if pools is not None and pool is not None:
+                await pools.touch(pool)
+            await _until_applied(
+                armed, f"{fault.value} of {pod}" + (f" and {pool}" if pool else "")
+            )
         finally:
             for one in armed.values():
                 proxy.remove(one)
-        ghost = NamelessGhost(pod) if fault is FaultKind.FRAME_WITHOUT_NAME else None
+        ghost = NamelessGhost(pod, pool) if fault is FaultKind.FRAME_WITHOUT_NAME else None
         return Healed(written_at, ghost)
 
-    def _breakage(self, fault: FaultKind, pod: str) -> Action:
+    def _breakage(self, fault: FaultKind, pod: str) -> RewriteFrame | CorruptChunk:
         if fault is FaultKind.FRAME_WITHOUT_NAME:
             return RewriteFrame(without_name, "without a name", pod=pod)
         if fault is FaultKind.FRAME_CUT:
@@ -300,14 +315,14 @@ class Faults:
 
 
 async def _until_applied(armed: dict[str, Fault], what: str) -> None:
-    """Returns once every client's fault met its frame; `HarnessAborted` naming the client whose
-    watch never carried it."""
+    """Returns once every watch's fault met its frame; `HarnessAborted` naming each watch that
+    never carried it."""
     deadline = time.monotonic() + _FRAME_MET_WITHIN
     while missing := [agent for agent, fault in armed.items() if fault.applied == 0]:
         if time.monotonic() > deadline:
             raise HarnessAborted(
-                f"{what}: no frame about it reached the proxy on the watch of "
-                f"{', '.join(missing)}* within {_FRAME_MET_WITHIN:.0f}s"
+                f"{what}: no frame about it reached the proxy on {', '.join(missing)} "
+                f"within {_FRAME_MET_WITHIN:.0f}s"
             )
         await asyncio.sleep(0.05)
 

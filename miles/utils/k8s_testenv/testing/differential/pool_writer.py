@@ -23,6 +23,7 @@ from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.ours import PARENT_LABEL
 
 _NAME_PREFIX = "pool-"
+_TOUCH_LABEL = "miles.diff/touched"
 _MERGE_PATCH = "application/merge-patch+json"
 INITIAL_POOLS = 8
 _REREAD_SECONDS = 60.0
@@ -63,6 +64,7 @@ class PoolWriter:
     write: WriteFn
     _model: dict[str, _ModelPool] = field(default_factory=dict, init=False)
     _created: int = field(default=0, init=False)
+    _touched: int = field(default=0, init=False)
 
     async def step(self) -> list[PoolOp]:
         if not self._model:
@@ -108,6 +110,19 @@ class PoolWriter:
                 replicas=(item.get("spec") or {}).get("replicas", 0),
                 ready=(item.get("status") or {}).get("readyReplicas", 0),
             )
+
+    def held(self) -> str | None:
+        """A pool, drawn by the seed, that both clients' stores hold (selected, with a parent),
+        or None if there is none."""
+        held = sorted(
+            name for name, pool in self._model.items() if pool.selected and pool.parent is not None
+        )
+        return self.rng.choice(held) if held else None
+
+    async def touch(self, name: str) -> None:
+        """A label write to `name` that changes nothing the model holds: one MODIFIED frame."""
+        self._touched += 1
+        await self._labels(name, {_TOUCH_LABEL: str(self._touched)})
 
     def _pick(self, op: PoolOp) -> str | None:
         def eligible(pool: _ModelPool) -> bool:

@@ -16,8 +16,9 @@ With engine pools watched too, a comparison holds a second one for them (`pools`
 must equal what the pods' must (their status summary is `engine_pools.pool_summary`), and it
 matches only when both do.
 
-After a watch frame without a name, client-go's store is allowed one deviation, which Go's
-semantics predict exactly (`NamelessGhost`); it is reported, never counted as ours.
+After a watch frame without a name, client-go's store of that kind is allowed one deviation,
+which Go's semantics predict exactly (`NamelessGhost`, per pod and per pool); it is reported,
+never counted as ours.
 """
 
 from __future__ import annotations
@@ -213,32 +214,58 @@ GHOST_NAME = ""
 
 @dataclass(frozen=True)
 class NamelessGhost:
-    """What client-go does with a watch frame whose pod has no name. The frame decodes, the
+    """What client-go does with a watch frame whose object has no name. The frame decodes, the
     reflector's `handleAnyWatch` hands it to `store.Update`, `MetaNamespaceKeyFunc` keys it
-    `namespace/` (`ObjectName.String` of an empty name), and the store holds the pod's new state
-    there while the pod itself stays at its older resourceVersion, its cursor now past the write,
-    until something relists (client-go v0.36 `tools/cache/reflector.go`, `object-names.go`)."""
+    `namespace/` (`ObjectName.String` of an empty name), and the store holds the object's new
+    state there while the object itself stays at its older resourceVersion, its cursor now past
+    the write, until something relists (client-go v0.36 `tools/cache/reflector.go`,
+    `object-names.go`). The dynamic informer over engine pools decodes `unstructured` the same way,
+    so `pool` names the pool whose frame lost its name on the pools' watch, if one did."""
 
     pod: str
+    pool: str | None = None
 
     def explain(self, comparison: Comparison) -> str | None:
-        """How client-go's view is exactly this ghost and nothing else, or None if it is not."""
-        if comparison.pools is not None and not comparison.pools.all_match:
+        """How client-go's views are each either right or exactly their ghost, at least one a
+        ghost; None otherwise."""
+        kept = _ghost_kept(comparison.truth, comparison.oracle, self.pod)
+        if kept is None:
             return None
-        truth = without_status(comparison.truth)
-        oracle = dict(comparison.oracle)
-        ghost, now = oracle.pop(GHOST_NAME, None), truth.get(self.pod)
-        stale = oracle.get(self.pod)
-        if ghost is None or now is None or stale is None or ghost != now:
+        said = [] if kept == "" else [f"{kept} (pods)"]
+        if comparison.pools is not None:
+            pool_kept = (
+                None
+                if self.pool is None
+                else _ghost_kept(comparison.pools.truth, comparison.pools.oracle, self.pool)
+            )
+            if pool_kept is None:
+                return None
+            if pool_kept:
+                said.append(f"{pool_kept} (engine pools)")
+        if not said:
             return None
-        if stale.uid != now.uid or stale.resource_version == now.resource_version:
-            return None
-        if {**oracle, self.pod: now} != truth:
-            return None
-        return (
-            f"client-go stored the frame without a name under the key '<namespace>/' "
-            f"(rv={now.resource_version}) and kept {self.pod} at rv={stale.resource_version}"
-        )
+        return "; ".join(said)
+
+
+def _ghost_kept(truth_view: View, oracle_view: View, name: str) -> str | None:
+    """ "" where client-go's view equals the LIST, how it keeps exactly the ghost of `name` where
+    it does, None where it is wrong otherwise."""
+    truth = without_status(truth_view)
+    oracle = dict(oracle_view)
+    if oracle == truth:
+        return ""
+    ghost, now = oracle.pop(GHOST_NAME, None), truth.get(name)
+    stale = oracle.get(name)
+    if ghost is None or now is None or stale is None or ghost != now:
+        return None
+    if stale.uid != now.uid or stale.resource_version == now.resource_version:
+        return None
+    if {**oracle, name: now} != truth:
+        return None
+    return (
+        f"client-go stored the frame without a name under the key '<namespace>/' "
+        f"(rv={now.resource_version}) and kept {name} at rv={stale.resource_version}"
+    )
 
 
 def render_diff(views: Mapping[str, View], *, expected: Mapping[str, View]) -> str:
