@@ -15,7 +15,9 @@ no two writes conflict:
 - ``apply``: server-side apply of ``data.v`` (field manager ``bench``, force);
 - ``create-delete``: a create of a new name, then its delete (two writes).
 
-The contenders: ours, ``Client`` over ``KubernetesAsyncioTransport`` with dicts in and out;
+The contenders: ours, ``Client`` over the transport ``k8s_api.write_transport`` picks
+(``k8s_http.HttpTransport``, HTTP/1.1) with dicts in and out; ``ours-aiohttp`` (not run unless
+named in ``--contenders``), the same over ``KubernetesAsyncioTransport``;
 ``kubernetes_asyncio``'s ``CoreV1Api`` as its users call it (answers read into ``V1ConfigMap``);
 client-go's typed clientset (``tools/k8s/write-bench``, QPS -1 as controller-runtime sets it),
 skipped with one line when it cannot be built. Figures per contender: writes per second (the
@@ -33,7 +35,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +46,10 @@ from bench.apiserver_proc import cpu_seconds
 from bench.report import fmt, median
 
 OPERATIONS = ("patch", "apply", "create-delete")
-CONTENDERS = ("ours", "kubernetes_asyncio", "client-go")
+CONTENDERS = ("ours", "ours-aiohttp", "kubernetes_asyncio", "client-go")
+DEFAULT_CONTENDERS = ("ours", "kubernetes_asyncio", "client-go")
 Write = Callable[[str, int], Awaitable[int]]
+Maker = Callable[[Any, str, str], AbstractAsyncContextManager[Write]]
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,29 @@ class Window:
         return self.apiserver_cpu_seconds / self.writes
 
 
-def ours_writes(api: Any, namespace: str, op: str) -> Write:
-    from miles.utils.workers.reconcile.client import Client, MergePatch
+@contextlib.asynccontextmanager
+async def ours_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]:
+    """Ours as a process gets it: ``Client`` over the transport ``k8s_api.write_transport`` picks
+    (``k8s_http.HttpTransport`` without a proxy)."""
+    from miles.utils.workers.reconcile.k8s_api import write_transport
+
+    async with write_transport(api) as transport:
+        yield ours_writing(transport, namespace, op)
+
+
+@contextlib.asynccontextmanager
+async def ours_aiohttp_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]:
+    """Ours over ``KubernetesAsyncioTransport`` (aiohttp), the transport before ``k8s_http``."""
     from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport
+
+    yield ours_writing(KubernetesAsyncioTransport(api_client=api), namespace, op)
+
+
+def ours_writing(transport: Any, namespace: str, op: str) -> Write:
+    from miles.utils.workers.reconcile.client import Client, MergePatch
     from miles.utils.workers.reconcile.resource import CONFIG_MAPS
 
-    client = Client(transport=KubernetesAsyncioTransport(api_client=api), field_manager="bench")
+    client = Client(transport=transport, field_manager="bench")
 
     async def patch(name: str, seq: int) -> int:
         body = MergePatch({"data": {"v": str(seq)}})
@@ -96,7 +118,8 @@ def ours_writes(api: Any, namespace: str, op: str) -> Write:
     return {"patch": patch, "apply": apply, "create-delete": create_delete}[op]
 
 
-def kubernetes_asyncio_writes(api: Any, namespace: str, op: str) -> Write:
+@contextlib.asynccontextmanager
+async def kubernetes_asyncio_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]:
     from kubernetes_asyncio import client
 
     core: Any = client.CoreV1Api(api)
@@ -130,7 +153,7 @@ def kubernetes_asyncio_writes(api: Any, namespace: str, op: str) -> Write:
         await core.delete_namespaced_config_map(fresh, namespace)
         return 2
 
-    return {"patch": patch, "apply": apply, "create-delete": create_delete}[op]
+    yield {"patch": patch, "apply": apply, "create-delete": create_delete}[op]
 
 
 @dataclass(frozen=True)
@@ -146,11 +169,13 @@ class Target:
     apiserver_pid: int | None
 
 
-async def python_window(make: Callable[[Any, str, str], Write], target: Target) -> Window:
+async def python_window(make: Maker, target: Target) -> Window:
     from miles.utils.k8s_testenv import api_client
 
-    async with api_client(target.kubeconfig) as api:
-        write = make(api, target.namespace, target.op)
+    async with (
+        api_client(target.kubeconfig) as api,
+        make(api, target.namespace, target.op) as write,
+    ):
         await write("bench-warm", 0)  # the connection and the client's first-call costs
         writes = errors = 0
         gc.collect()
@@ -257,7 +282,11 @@ async def run(args: argparse.Namespace) -> int:
     contenders = [c for c in args.contenders if c != "client-go" or binary is not None]
     if why is not None:
         print(f"client-go skipped: {why}", file=sys.stderr)
-    makers = {"ours": ours_writes, "kubernetes_asyncio": kubernetes_asyncio_writes}
+    makers: dict[str, Maker] = {
+        "ours": ours_writes,
+        "ours-aiohttp": ours_aiohttp_writes,
+        "kubernetes_asyncio": kubernetes_asyncio_writes,
+    }
     results: dict[tuple[str, str], list[Window]] = {}
     with apiserver(None) as (kubeconfig, pid):
         for op in args.operations:
@@ -317,7 +346,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--operations", nargs="+", choices=OPERATIONS, default=list(OPERATIONS))
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument(
+        "--contenders", nargs="+", choices=CONTENDERS, default=list(DEFAULT_CONTENDERS)
+    )
     return parser.parse_args(argv)
 
 

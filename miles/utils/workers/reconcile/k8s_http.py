@@ -18,9 +18,10 @@ race) is sent again on a fresh connection only when its method is idempotent, as
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -46,24 +47,39 @@ _URLS_HELD = 4096
 
 class Headers(Mapping[str, str]):
     """An answer's header fields, their names looked up in any case; a repeated field's values
-    joined by ", ". Go: ``http.Header``."""
+    joined by ", " (Go reads them so as one). Go: ``http.Header``. Read off the wire, the fields
+    are parsed only when first looked up: a write client reads its 2xx answers' headers rarely."""
 
-    __slots__ = ("_fields",)
+    __slots__ = ("_block", "_fields")
 
-    def __init__(self, fields: Mapping[str, str]) -> None:
-        self._fields = {name.lower(): value for name, value in fields.items()}
+    def __init__(self, fields: Mapping[str, str] | None = None, *, block: str = "") -> None:
+        self._block = block
+        self._fields = None if fields is None else _joined(fields.items())
+
+    def _parsed(self) -> dict[str, str]:
+        if self._fields is None:
+            self._fields = _joined(_FIELD.findall(self._block))
+        return self._fields
 
     def __getitem__(self, name: str) -> str:
-        return self._fields[name.lower()]
+        return self._parsed()[name.lower()]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._fields)
+        return iter(self._parsed())
 
     def __len__(self) -> int:
-        return len(self._fields)
+        return len(self._parsed())
 
     def __repr__(self) -> str:
-        return f"Headers({self._fields!r})"
+        return f"Headers({self._parsed()!r})"
+
+
+def _joined(fields: Iterable[tuple[str, str]]) -> dict[str, str]:
+    joined: dict[str, str] = {}
+    for name, value in fields:
+        key = name.lower()
+        joined[key] = f"{joined[key]}, {value}" if key in joined else value
+    return joined
 
 
 class BearerCredentials:
@@ -125,11 +141,11 @@ def tls_context(configuration: Any) -> ssl.SSLContext:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """One response as read off a connection: status, header fields (names lowercased), body, and
-    whether the connection may carry another request."""
+    """One response as read off a connection: status, header fields, body, and whether the
+    connection may carry another request."""
 
     status: int
-    fields: dict[str, str]
+    headers: Headers
     body: bytes
     keep_alive: bool
 
@@ -160,7 +176,7 @@ class ResponseReader:
         self._buffer = bytearray()
         self._head_only = False
         self._status = 0
-        self._fields: dict[str, str] | None = None
+        self._headers: Headers | None = None
         self._length = 0
         self._keep_alive = True
         self._chunks: list[bytes] = []
@@ -169,7 +185,7 @@ class ResponseReader:
     def expect(self, *, head_only: bool) -> None:
         """A new request was sent; its answer is read next."""
         self._head_only = head_only
-        self._fields = None
+        self._headers = None
         self._chunks = []
         self._trailers = False
 
@@ -181,7 +197,7 @@ class ResponseReader:
     def feed(self, data: bytes) -> Answer | None:
         """The answer, once ``data`` completed it; raises ``MalformedResponse``."""
         self._buffer += data
-        if self._fields is None and not self._read_head():
+        if self._headers is None and not self._read_head():
             return None
         if self._length >= 0:
             return self._sized()
@@ -189,10 +205,10 @@ class ResponseReader:
 
     def at_close(self) -> Answer | None:
         """The answer a body read until the connection's close makes, if one was under way."""
-        if self._fields is None or self._length != _UNTIL_CLOSE:
+        if self._headers is None or self._length != _UNTIL_CLOSE:
             return None
         body, self._buffer = bytes(self._buffer), bytearray()
-        return Answer(self._status, self._fields, body, keep_alive=False)
+        return Answer(self._status, self._headers, body, keep_alive=False)
 
     def _read_head(self) -> bool:
         while True:
@@ -203,11 +219,11 @@ class ResponseReader:
                 return False
             head = bytes(self._buffer[:end])
             del self._buffer[: end + 4]
-            status, fields, keep_alive = parse_head(head)
+            status, headers, framing, keep_alive = parse_head(head)
             if 100 <= status <= 199 and status != 101:
                 continue  # an interim answer (100 Continue, 103 Early Hints): the real one follows
-            self._status, self._fields, self._keep_alive = status, fields, keep_alive
-            self._length = self._framing(status, fields)
+            self._status, self._headers, self._keep_alive = status, headers, keep_alive
+            self._length = self._framing(status, framing)
             return True
 
     def _framing(self, status: int, fields: dict[str, str]) -> int:
@@ -261,31 +277,42 @@ class ResponseReader:
             del buffer[: stop + 2]
 
     def _answer(self, body: bytes) -> Answer:
-        assert self._fields is not None
-        fields, self._fields = self._fields, None
-        return Answer(self._status, fields, body, self._keep_alive)
+        assert self._headers is not None
+        headers, self._headers = self._headers, None
+        return Answer(self._status, headers, body, self._keep_alive)
 
 
-def parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
-    """A response head's status, its fields (names lowercased) and whether the connection stays
-    open after it; raises ``MalformedResponse``."""
-    lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit() or rest[3:4] not in ("", " "):
-        raise MalformedResponse(f"status line {lines[0][:80]!r}")
-    fields: dict[str, str] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip():
-            raise MalformedResponse(f"header line {line[:80]!r}")
-        name, value = name.lower(), value.strip()
-        fields[name] = f"{fields[name]}, {value}" if name in fields else value
-        # Go joins a repeated field's values the same way when it reads them as one.
-    connection = fields.get("connection", "").lower()
-    http11 = version == "HTTP/1.1"
-    keep_alive = "close" not in connection if http11 else "keep-alive" in connection
-    return int(code), fields, keep_alive
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_STATUS_LINE = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: [^\r\n]*)?")
+_HEAD = re.compile(_STATUS_LINE.pattern + rf"((?:\r\n{_TOKEN}:[^\r\n]*)*)")
+_FIELD = re.compile(r"\r\n([^:]+):[ \t]*([^\r\n]*?)[ \t]*(?=\r\n|$)")
+_FRAMING = re.compile(
+    r"\r\n(content-length|transfer-encoding|connection):[ \t]*([^\r\n]*?)[ \t]*(?=\r\n|$)"
+)
+
+
+def parse_head(head: bytes) -> tuple[int, Headers, dict[str, str], bool]:
+    """A response head's status, its header fields, the fields that frame its body
+    (``content-length``, ``transfer-encoding``, ``connection``, lowercased) and whether the
+    connection stays open after it; raises ``MalformedResponse``. One regular expression checks
+    the whole head, so the interpreter touches only the three framing fields per answer."""
+    text = head.decode("latin-1")
+    match = _HEAD.fullmatch(text)
+    if match is None:
+        raise MalformedResponse(_malformed_line(text))
+    minor, code, block = match.groups()
+    framing = _joined(_FRAMING.findall(block.lower()))
+    connection = framing.get("connection", "")
+    keep_alive = "close" not in connection if minor == "1" else "keep-alive" in connection
+    return int(code), Headers(block=block), framing, keep_alive
+
+
+def _malformed_line(text: str) -> str:
+    lines = text.split("\r\n")
+    if _STATUS_LINE.fullmatch(lines[0]) is None:
+        return f"status line {lines[0][:80]!r}"
+    bad = next(line for line in lines[1:] if re.fullmatch(rf"{_TOKEN}:[^\r\n]*", line) is None)
+    return f"header line {bad[:80]!r}"
 
 
 def _chunk_size(line: bytes) -> int:
@@ -452,7 +479,7 @@ class HttpTransport:
             ) from None
         if answer.status == 401 and self._credentials is not None:
             self._credentials.forget()
-        return RawResponse(status=answer.status, body=answer.body, headers=Headers(answer.fields))
+        return RawResponse(status=answer.status, body=answer.body, headers=answer.headers)
 
     async def _message(self, request: Request) -> bytes:
         method, body = request.method, request.body
