@@ -11,9 +11,9 @@ read-only view) or ``obj["spec"]``. ``PartialObjectMetadata`` holds the metadata
 
 All three validate straight from bytes (``model_validate_json``), as ``Pod`` does; the wire
 decoders (``k8s_wire.ObjectDecoder``) cut ``managedFields`` out first, which no model holds. A
-``DynamicObject`` decoded from a LIST (``deferred_validator``) keeps its object's JSON bytes in
-place of the rest until that is first read (row "``DynamicObject``: the rest parsed on first
-read" in docs/reconcile-loop.md).
+``DynamicObject`` decoded from a LIST or a watch line (``deferred_validator``) keeps its object's
+JSON bytes in place of the rest until that is first read (row "``DynamicObject``: the rest parsed
+on first read" in docs/reconcile-loop.md).
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ def deferred_validator(model: type[_Dynamic]) -> Callable[[bytes], _Dynamic]:
     """``model.model_validate_json`` for one object's JSON, except that only the model's own
     fields (``apiVersion``, ``kind``, ``metadata``) become Python values now: the bytes, checked
     as JSON whole, stand for the rest until it is first read (about half of a pod-sized custom
-    object's decode and two thirds of its memory in the cache: row "``DynamicObject``: the rest
-    parsed on first read"). Raises ``ValidationError`` where ``model_validate_json`` would."""
+    object's decode and two thirds of its memory in the cache: see the module docstring's row).
+    Raises ``ValidationError`` where ``model_validate_json`` would."""
 
     class _Head(model):  # type: ignore[valid-type,misc]
         model_config = ConfigDict(extra="ignore")

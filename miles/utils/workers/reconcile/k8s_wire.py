@@ -252,6 +252,31 @@ def decode_watch_read(lines: list[bytes], *, listing: bool) -> Iterator[PodWatch
 
 
 _M = TypeVar("_M", bound=BaseModel)
+_OBJECT_TYPES = {b"ADDED": "ADDED", b"MODIFIED": "MODIFIED", b"DELETED": "DELETED"}
+_TYPE_OPEN = b'{"type":"'
+_OBJECT_KEY = b'","object":'
+
+
+def _deferred_line(validate: Callable[[bytes], _M], line: bytes) -> WatchEvent[_M] | None:
+    """An ADDED, MODIFIED or DELETED line written as the apiserver writes one,
+    ``{"type":"T","object":`` + the object + ``}``, its object (managed fields cut) validated alone
+    by ``validate`` (a ``deferred_validator``): the object is one JSON value, so the line is the
+    frame of those two keys. ``None`` for any other line or an object that does not validate or
+    has no name: the caller then decodes the line whole."""
+    if not isinstance(line, bytes) or not line.startswith(_TYPE_OPEN):
+        return None
+    key = line.find(_OBJECT_KEY, len(_TYPE_OPEN), 32)
+    event_type = _OBJECT_TYPES.get(line[len(_TYPE_OPEN) : key]) if key != -1 else None
+    end = len(line.rstrip())
+    if event_type is None or line[end - 1 : end] != b"}":
+        return None
+    try:
+        obj: Any = validate(without_managed_fields(line[key + len(_OBJECT_KEY) : end - 1], most=1))
+    except ValidationError:
+        return None
+    if not obj.metadata.name:
+        return None
+    return WatchEvent(event_type, obj, obj.metadata.resource_version)
 
 
 def _deferred_list(
@@ -381,6 +406,8 @@ class ObjectDecoder(Generic[_M]):
 
     def decode_watch_line(self, line: bytes) -> WatchEvent[_M]:
         """One watch line as an event; raises ``FrameDecodeError`` as ``decode_watch_line``."""
+        if self._deferred is not None and (event := _deferred_line(self._deferred, line)):
+            return event
         try:
             frame = validated_without_managed_fields(self._frame.validate_json, line, most=1)
         except ValidationError as err:

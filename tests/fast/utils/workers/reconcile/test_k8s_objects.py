@@ -322,3 +322,45 @@ def test_a_dynamic_list_decodes_as_it_does_whole(items: list[Any]) -> None:
     event(f"deferred: {any(_unread(obj) for obj in page.objects)}")
     assert page == expected[0]
     assert [str(r) for r in rejects] == [str(r) for r in expected[1]]
+
+
+def test_a_watched_dynamic_object_keeps_its_rest_as_bytes_until_first_read() -> None:
+    decoder = ObjectDecoder(DynamicObject, kind="EnginePool")
+    event = decoder.decode_watch_line(_frame("MODIFIED", _pool("a")) + b"\n")
+    obj = event.object
+    assert isinstance(obj, DynamicObject)
+    assert (event.type, event.resource_version) == ("MODIFIED", "41")
+    assert _unread(obj)
+    assert obj == _eager(_pool("a"))
+    assert not _unread(obj)
+
+
+def _decoded(decoder: ObjectDecoder[DynamicObject], line: bytes) -> Any:
+    try:
+        return decoder.decode_watch_line(line)
+    except FrameDecodeError as err:
+        return (str(err), err.name, err.resource_version, err.event_type)
+
+
+@given(
+    st.sampled_from(["ADDED", "MODIFIED", "DELETED", "MODIFIED", "BOOKMARK", "ERROR", "ADDED2", 5]),
+    _items(),
+    st.sampled_from(["type first", "type first", "type first", "object first", "extra key"]),
+)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_dynamic_watch_line_decodes_as_it_does_whole(
+    event_type: Any, item: Any, layout: str
+) -> None:
+    pairs = [("type", event_type), ("object", item)]
+    if layout == "object first":
+        pairs.reverse()
+    if layout == "extra key":
+        pairs.append(("x", 1))
+    line = json.dumps(dict(pairs), separators=(",", ":")).encode()
+    deferred = ObjectDecoder(DynamicObject, kind="EnginePool")
+    whole = ObjectDecoder(DynamicObject, kind="EnginePool")
+    whole._deferred = None
+    read = _decoded(deferred, line)
+    obj = getattr(read, "object", None)
+    event(f"deferred: {isinstance(obj, DynamicObject) and _unread(obj)}")
+    assert read == _decoded(whole, line)
