@@ -18,10 +18,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kubernetes_asyncio import client
 
+from miles.utils.k8s_testenv import api_client
 from miles.utils.k8s_testenv.apiserver_metrics import apiserver_metrics, series_sum
 from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, RecordingPodApi
 from miles.utils.workers.reconcile.client import Client
@@ -358,3 +360,15 @@ async def write_client(api: Any, transport: str, *, field_manager: str) -> Async
     async with write_transport(api) as chosen:
         assert isinstance(chosen, HttpTransport)
         yield Client(transport=chosen, field_manager=field_manager)
+
+
+@asynccontextmanager
+async def writer_on(
+    kubeconfig: Path, transport: str, *, field_manager: str
+) -> AsyncIterator[Client]:
+    """A ``write_client`` on an ``ApiClient`` of its own for ``kubeconfig``, both closed on exit."""
+    async with (
+        api_client(kubeconfig) as api,
+        write_client(api, transport, field_manager=field_manager) as writer,
+    ):
+        yield writer

@@ -16,14 +16,14 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from miles.utils.k8s_testenv import LocalControlPlane, api_client
+from miles.utils.k8s_testenv import LocalControlPlane
 from miles.utils.k8s_testenv.http_fault_proxy import (
     CutAfterForward,
     HttpFaultProxy,
@@ -38,7 +38,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     KubernetesConnectionError,
 )
 from miles.utils.workers.reconcile.resource import CONFIG_MAPS
-from tests.e2e.k8s_apiserver.harness import write_client
+from tests.e2e.k8s_apiserver.harness import writer_on
 
 pytestmark = pytest.mark.k8s_apiserver
 proxied = pytest.mark.usefixtures("behind_the_fault_proxy")
@@ -65,20 +65,13 @@ async def clients(
     """The proxy in front of the apiserver and a write client through it over ``transport``."""
     async with HttpFaultProxy(kubeconfig=kubeconfig) as proxy:
         proxied = proxy.write_kubeconfig(tmp_path / "proxied.kubeconfig")
-        async with (
-            api_client(proxied) as api,
-            write_client(api, transport, field_manager="faults-e2e") as client,
-        ):
+        async with writer_on(proxied, transport, field_manager="faults-e2e") as client:
             yield proxy, client
 
 
-@asynccontextmanager
-async def direct(kubeconfig: Path, transport: str) -> AsyncIterator[Client]:
-    async with (
-        api_client(kubeconfig) as api,
-        write_client(api, transport, field_manager="other") as client,
-    ):
-        yield client
+def direct(kubeconfig: Path, transport: str) -> AbstractAsyncContextManager[Client]:
+    """A second writer, straight to the apiserver."""
+    return writer_on(kubeconfig, transport, field_manager="other")
 
 
 def failure_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

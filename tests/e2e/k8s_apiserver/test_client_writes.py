@@ -11,8 +11,7 @@ Each error is the runtime's own, told apart by its reason.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractAsyncContextManager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import yaml  # type: ignore[import-untyped]
 from pydantic import BaseModel, ConfigDict, Field
 
 import miles.utils.k8s_testenv
-from miles.utils.k8s_testenv import api_client
 from miles.utils.workers.reconcile.client import (
     Client,
     JsonPatch,
@@ -44,7 +42,7 @@ from miles.utils.workers.reconcile.resource import (
     PODS,
     Resource,
 )
-from tests.e2e.k8s_apiserver.harness import write_client
+from tests.e2e.k8s_apiserver.harness import writer_on
 
 pytestmark = pytest.mark.k8s_apiserver
 
@@ -73,14 +71,8 @@ def _pod(name: str) -> dict[str, Any]:
     }
 
 
-@asynccontextmanager
-async def writing(kubeconfig: Path, transport: str) -> AsyncIterator[Client]:
-    """A `Client` on its own `ApiClient` through `transport`, closed on exit."""
-    async with (
-        api_client(kubeconfig) as api,
-        write_client(api, transport, field_manager="e2e") as c,
-    ):
-        yield c
+def writing(kubeconfig: Path, transport: str) -> AbstractAsyncContextManager[Client]:
+    return writer_on(kubeconfig, transport, field_manager="e2e")
 
 
 async def test_create_get_replace_and_conflicts_typed(
