@@ -87,7 +87,7 @@ from bench.apiserver_kube_rs import ContenderUnavailable, ensure_kube_rs
 from bench.apiserver_measure import Env, Scenario, measure_compiled, measure_python
 from bench.apiserver_objects import CEILINGS, INSTRUCTION_CEILINGS, KIND, check_ceilings
 from bench.apiserver_objects import CONTENDERS as OBJECT_CONTENDERS
-from bench.apiserver_proc import SELECTOR
+from bench.apiserver_proc import SELECTOR, read_body
 from bench.apiserver_report import (
     INSTRUCTION_TARGETS,
     TITLES,
@@ -213,10 +213,7 @@ async def list_floor(
                 resp = await list_page(api, namespace, options)
             else:
                 resp = await core.list_namespaced_pod(namespace, **options)
-            try:
-                body = await resp.read()
-            finally:
-                resp.release()
+            body = await read_body(resp)
             # a custom resource's list is written with its keys sorted: metadata after the items
             head = max(len(body) - 4096, 0) if kind == KIND else 0
             found = _CONTINUE.search(body, head, head + 4096) if limit is not None else None

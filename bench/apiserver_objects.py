@@ -24,7 +24,7 @@ from typing import Any
 import yaml  # type: ignore[import-untyped]
 
 import miles.utils.k8s_testenv
-from bench.apiserver_proc import NAMESPACE
+from bench.apiserver_proc import NAMESPACE, read_body
 from bench.apiserver_seed import _check
 from bench.report import Results, fmt, median
 from miles.utils.workers.reconcile.resource import Resource
@@ -161,10 +161,7 @@ async def list_pools(api: Any, namespace: str, selector: str) -> list[dict[str, 
         label_selector=selector,
         _preload_content=False,
     )
-    try:
-        body = await resp.read()
-    finally:
-        resp.release()
+    body = await read_body(resp)
     if resp.status != 200:
         raise RuntimeError(f"list engine pools in {namespace}: HTTP {resp.status}: {body[:300]!r}")
     items: list[dict[str, Any]] = json.loads(body)["items"]

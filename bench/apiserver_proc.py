@@ -79,6 +79,16 @@ def emit(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+async def read_body(resp: Any) -> bytes:
+    """The whole body of a response asked for with ``_preload_content=False``; its connection
+    goes back to the pool whether or not the read succeeds."""
+    try:
+        body: bytes = await resp.read()
+        return body
+    finally:
+        resp.release()
+
+
 def first_resource_version(body: bytes) -> int:
     """``metadata.resourceVersion`` of one object's JSON: Go writes it before any nested one."""
     match = _RV_PREFIX.search(body, 0, 1024)

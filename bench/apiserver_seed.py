@@ -24,6 +24,7 @@ from bench.apiserver_proc import (
     SELECTOR,
     WRITER_ANNOTATION,
     WRITER_LABEL,
+    read_body,
 )
 from miles.utils.k8s_testenv.testing.k8s_fakes import realistic_pod
 
@@ -74,10 +75,7 @@ def manifest(index: int, parents: int, namespace: str) -> tuple[dict[str, Any], 
 
 
 async def _check(resp: Any, what: str, *, tolerate: int = 0) -> None:
-    try:
-        body = await resp.read()
-    finally:
-        resp.release()
+    body = await read_body(resp)
     if resp.status >= 300 and resp.status != tolerate:
         raise RuntimeError(f"{what}: HTTP {resp.status}: {body[:500]!r}")
 
@@ -97,11 +95,8 @@ async def list_items(core: Any, namespace: str) -> list[dict[str, Any]]:
     resp = await core.list_namespaced_pod(
         namespace, label_selector=SELECTOR, _preload_content=False
     )
-    try:
-        items: list[dict[str, Any]] = json.loads(await resp.read())["items"]
-        return items
-    finally:
-        resp.release()
+    items: list[dict[str, Any]] = json.loads(await read_body(resp))["items"]
+    return items
 
 
 async def create_pods(

@@ -20,7 +20,7 @@ import re
 import time
 from typing import Any
 
-from bench.apiserver_proc import SELECTOR, AppliedEvents, first_resource_version
+from bench.apiserver_proc import SELECTOR, AppliedEvents, first_resource_version, read_body
 from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError
 from miles.utils.workers.reconcile.k8s_wire import decode_watch_line
 
@@ -54,10 +54,7 @@ class WireReader(AppliedEvents):
             resp = await self._core.list_namespaced_pod(
                 self._namespace, _preload_content=False, **options
             )
-            try:
-                body = await resp.read()
-            finally:
-                resp.release()
+            body = await read_body(resp)
             found = _CONTINUE.search(body, 0, 4096)
             list_rv = list_rv or str(first_resource_version(body))
             self.stored += len(_ITEM.findall(body))

@@ -24,6 +24,7 @@ from bench.apiserver_proc import (
     WRITER_LABEL,
     emit,
     first_resource_version,
+    read_body,
     read_command,
 )
 
@@ -85,10 +86,7 @@ class Writer:
                 _content_type=MERGE_PATCH,
                 _preload_content=False,
             )
-            try:
-                payload = await resp.read()
-            finally:
-                resp.release()
+            payload = await read_body(resp)
             if resp.status == 200:
                 self.acks.append((time.monotonic(), first_resource_version(payload)))
             else:
