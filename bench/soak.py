@@ -143,17 +143,8 @@ async def _run(env: DifferentialEnvironment, args: argparse.Namespace) -> Stats:
         keep_going=args.keep_going,
         engine_pools=not args.no_engine_pools,
     )
-    harness = DifferentialHarness(
-        plane=env.plane,
-        oracle_binary=env.oracle_binary,
-        work_dir=env.work_dir,
-        config=config,
-        kwok=env.kwok,
-        kwok_unavailable=env.kwok_unavailable,
-        real_node=env.real_node,
-        real_node_unavailable=env.real_node_unavailable,
-        log=print_stderr,
-        ours=_ours(args, env.work_dir),
+    harness = DifferentialHarness.on(
+        env, config=config, log=print_stderr, ours=_ours(args, env.work_dir)
     )
     sampler = ResourceSampler(
         period=args.sample_every,

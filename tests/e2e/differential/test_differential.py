@@ -49,22 +49,13 @@ def _to_terminal(line: str) -> None:
 def _harness(
     env: DifferentialEnvironment, seed: int, work_dir: Path, *, watch_list: bool = False
 ) -> DifferentialHarness:
-    return DifferentialHarness(
-        plane=env.plane,
-        oracle_binary=env.oracle_binary,
-        work_dir=work_dir,
-        config=HarnessConfig(
-            seed=seed,
-            oracle_watch_list=watch_list,
-            streaming_list=watch_list,
-            proxy_history=_EVERY_REQUEST,
-        ),
-        kwok=env.kwok,
-        kwok_unavailable=env.kwok_unavailable,
-        real_node=env.real_node,
-        real_node_unavailable=env.real_node_unavailable,
-        log=_to_terminal,
+    config = HarnessConfig(
+        seed=seed,
+        oracle_watch_list=watch_list,
+        streaming_list=watch_list,
+        proxy_history=_EVERY_REQUEST,
     )
+    return DifferentialHarness.on(env, config=config, log=_to_terminal, work_dir=work_dir)
 
 
 def _streamed_its_lists(harness: DifferentialHarness, user_agent: str) -> bool:

@@ -46,6 +46,7 @@ from miles.utils.k8s_testenv.real_node import RealNode
 from miles.utils.k8s_testenv.tcp_proxy import TcpProxy
 from miles.utils.k8s_testenv.testing.differential.checkpoints import Checkpoints
 from miles.utils.k8s_testenv.testing.differential.config import HarnessConfig, LogFn
+from miles.utils.k8s_testenv.testing.differential.environment import DifferentialEnvironment
 from miles.utils.k8s_testenv.testing.differential.errors import DivergenceError, HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.faults import Faults, Healed
 from miles.utils.k8s_testenv.testing.differential.kubelet_churn import KubeletChurn
@@ -107,6 +108,31 @@ class DifferentialHarness:
         self._rng = random.Random(config.seed)
         self._stack = AsyncExitStack()
         self._parts: _Parts | None = None
+
+    @classmethod
+    def on(
+        cls,
+        env: DifferentialEnvironment,
+        *,
+        config: HarnessConfig,
+        log: LogFn = print,
+        ours: OursFactory = OurLoop,
+        work_dir: Path | None = None,
+    ) -> DifferentialHarness:
+        """A harness on `env`: its plane, oracle, KWOK and real node (or why each is missing),
+        writing under `work_dir` (`env.work_dir` by default)."""
+        return cls(
+            plane=env.plane,
+            oracle_binary=env.oracle_binary,
+            work_dir=env.work_dir if work_dir is None else work_dir,
+            config=config,
+            kwok=env.kwok,
+            kwok_unavailable=env.kwok_unavailable,
+            real_node=env.real_node,
+            real_node_unavailable=env.real_node_unavailable,
+            log=log,
+            ours=ours,
+        )
 
     @property
     def oracle(self) -> OracleProcess:
