@@ -36,8 +36,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from miles.utils.k8s_testenv import ControlPlane
 from miles.utils.k8s_testenv.http_fault_proxy import HttpFaultProxy
@@ -120,19 +121,12 @@ class DifferentialHarness:
         work_dir: Path | None = None,
     ) -> DifferentialHarness:
         """A harness on `env`: its plane, oracle, KWOK and real node (or why each is missing),
-        writing under `work_dir` (`env.work_dir` by default)."""
-        return cls(
-            plane=env.plane,
-            oracle_binary=env.oracle_binary,
-            work_dir=env.work_dir if work_dir is None else work_dir,
-            config=config,
-            kwok=env.kwok,
-            kwok_unavailable=env.kwok_unavailable,
-            real_node=env.real_node,
-            real_node_unavailable=env.real_node_unavailable,
-            log=log,
-            ours=ours,
-        )
+        writing under `work_dir` (`env.work_dir` by default). Each of the environment's fields is
+        the parameter of the same name."""
+        parts: dict[str, Any] = {part.name: getattr(env, part.name) for part in fields(env)}
+        if work_dir is not None:
+            parts["work_dir"] = work_dir
+        return cls(**parts, config=config, log=log, ours=ours)
 
     @property
     def oracle(self) -> OracleProcess:
