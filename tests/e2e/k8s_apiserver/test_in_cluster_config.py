@@ -1,12 +1,13 @@
 """Layer k8s_apiserver: in-cluster configuration against the real etcd and kube-apiserver (watch
 cache on), with real ServiceAccount tokens from the TokenRequest API (the plane signs them with its
-service-account key; RBAC lets the account list and watch pods in its namespace only).
+service-account key; RBAC lets the account list, watch and patch pods in its namespace only).
 
 A loop configured from a service-account folder (token, ca.crt, namespace) and
 KUBERNETES_SERVICE_HOST/_PORT keeps working when its token file is swapped for another valid
 token and the old one is revoked (its bound Secret deleted), across an apiserver restart that
 forces every request to authenticate again: the token file is re-read as client-go re-reads it
-(after 50 s, and before the next request once one was refused 401).
+(after 50 s, and before the next request once one was refused 401). The session's write
+transport (`k8s_http.HttpTransport`) then patches a pod with the CA and the rotated token.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from miles.utils.k8s_testenv import ApiClientFactory, LocalControlPlane
+from miles.utils.workers.reconcile.client import Client, MergePatch
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, kube_session
 from miles.utils.workers.reconcile.k8s_config import KubeTarget
+from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
+from miles.utils.workers.reconcile.k8s_http import HttpTransport
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
+from miles.utils.workers.reconcile.resource import PODS
 from miles.utils.workers.reconcile.source_event import ParentKey
 from tests.e2e.k8s_apiserver.harness import cell_of, create_pod, eventually
 
@@ -37,7 +42,7 @@ async def _admin(api: Any, namespace: str) -> None:
     core: Any = client.CoreV1Api(api)
     rbac: Any = client.RbacAuthorizationV1Api(api)
     await core.create_namespaced_service_account(namespace, {"metadata": {"name": ACCOUNT}})
-    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]}
     await rbac.create_namespaced_role(namespace, {"metadata": {"name": ACCOUNT}, "rules": [rule]})
     binding = {
         "metadata": {"name": ACCOUNT},
@@ -147,6 +152,27 @@ async def test_a_loop_keeps_working_when_its_token_is_rotated_and_the_old_one_re
                     context=lambda: repr(loop.status().source),
                 )
                 assert loop.status().error is None
+                await _patch_through_the_write_transport(session, k8s_namespace)
+
+
+async def _patch_through_the_write_transport(session: Any, namespace: str) -> None:
+    """The session's write transport (HTTP/1.1) writes with the service account's CA and its
+    rotated token: at most one 401 (the old token, held until a 401 makes the file read again)."""
+    assert isinstance(session.write_transport, HttpTransport)
+    writes = Client(transport=session.write_transport, field_manager="in-cluster")
+    label = MergePatch({"metadata": {"labels": {"written": "yes"}}})
+    refusals: list[int] = []
+    while True:
+        try:
+            patched = await writes.patch(PODS, "p2", label, namespace=namespace)
+        except KubernetesApiError as refused:
+            refusals.append(refused.code)
+            if len(refusals) > 1:
+                raise
+        else:
+            break
+    assert refusals in ([], [401])
+    assert patched["metadata"]["labels"]["written"] == "yes"
 
 
 async def _until_rejected(url: str, ca_cert: Path, token: str, namespace: str) -> None:
