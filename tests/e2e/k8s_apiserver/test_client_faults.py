@@ -69,6 +69,15 @@ async def clients(
             yield proxy, client
 
 
+Opener = Callable[[], AbstractAsyncContextManager[tuple[HttpFaultProxy, Client]]]
+
+
+@pytest.fixture
+def through_the_proxy(cached_kubeconfig: Path, tmp_path: Path, write_transport_name: str) -> Opener:
+    """Opens the proxy in front of the cached apiserver and this test's write client through it."""
+    return partial(clients, cached_kubeconfig, tmp_path, write_transport_name)
+
+
 def direct(kubeconfig: Path, transport: str) -> AbstractAsyncContextManager[Client]:
     """A second writer, straight to the apiserver."""
     return writer_on(kubeconfig, transport, field_manager="other")
@@ -138,13 +147,9 @@ async def test_a_second_writers_conflicts_are_retried_until_every_increment_land
 
 @proxied
 async def test_429_with_retry_after_is_waited_for_and_sent_again(
-    cached_kubeconfig: Path,
-    tmp_path: Path,
-    k8s_namespace: str,
-    caplog: pytest.LogCaptureFixture,
-    write_transport_name: str,
+    through_the_proxy: Opener, k8s_namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with clients(cached_kubeconfig, tmp_path, write_transport_name) as (proxy, ours):
+    async with through_the_proxy() as (proxy, ours):
         throttle = Respond(429, headers={"Retry-After": "1"})
         proxy.add(Match(method="POST", path=CONFIG_MAPS_PATH), throttle, count=2)
         started = time.monotonic()
@@ -160,13 +165,9 @@ async def test_429_with_retry_after_is_waited_for_and_sent_again(
 
 @proxied
 async def test_500_with_retry_after_is_sent_again_and_503_without_is_the_callers(
-    cached_kubeconfig: Path,
-    tmp_path: Path,
-    k8s_namespace: str,
-    caplog: pytest.LogCaptureFixture,
-    write_transport_name: str,
+    through_the_proxy: Opener, k8s_namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with clients(cached_kubeconfig, tmp_path, write_transport_name) as (proxy, ours):
+    async with through_the_proxy() as (proxy, ours):
         await ours.create(CONFIG_MAPS, configmap("flaky", v="0"), namespace=k8s_namespace)
         patches = Match(method="PATCH", path=CONFIG_MAPS_PATH)
         proxy.add(patches, Respond(500, headers={"Retry-After": "1"}), count=1)
@@ -192,13 +193,12 @@ async def test_500_with_retry_after_is_sent_again_and_503_without_is_the_callers
 
 @proxied
 async def test_a_cut_create_is_never_sent_again_and_an_apply_sent_again_changes_nothing(
-    cached_kubeconfig: Path,
-    tmp_path: Path,
+    through_the_proxy: Opener,
     k8s_namespace: str,
     caplog: pytest.LogCaptureFixture,
     write_transport_name: str,
 ) -> None:
-    async with clients(cached_kubeconfig, tmp_path, write_transport_name) as (proxy, ours):
+    async with through_the_proxy() as (proxy, ours):
         proxy.add(Match(method="POST", path=CONFIG_MAPS_PATH), CutAfterForward(), count=1)
         with pytest.raises(KubernetesConnectionError):
             await ours.create(CONFIG_MAPS, configmap("cut", a="1"), namespace=k8s_namespace)
