@@ -415,3 +415,37 @@ async def test_a_server_name_the_certificate_lacks_fails_verification(
             await transport.send(Request(method="GET", path="/a"))
     assert refused.value.kind is ConnectionFailure.TLS_VERIFICATION
     assert "other.invalid" in (refused.value.reason or "")
+
+
+async def test_the_configuration_gives_the_ca_client_certificate_server_name_and_token(
+    pki: tuple[ServingPair, Path, Path],
+) -> None:
+    """``for_api_client`` reads what a kubeconfig resolved to: the CA file, the client certificate
+    and key, ``tls_server_name``, the bearer token and the ``ApiClient``'s default headers."""
+    from kubernetes_asyncio.client import ApiClient, Configuration
+
+    pair, cert, key = pki
+    seen: list[bytes] = []
+
+    async def handler(peer: Peer) -> None:
+        while True:
+            seen.append(await peer.request())
+            peer.writer.write(OK)
+
+    configuration = Configuration(api_key={"BearerToken": "Bearer t0ken"})
+    configuration.ssl_ca_cert = str(pair.ca_cert)
+    configuration.cert_file, configuration.key_file = str(cert), str(key)
+    configuration.tls_server_name = "kubernetes.default.svc"
+    tls = server_context(pair, client_ca=pair.ca_cert)
+    async with serving(handler, tls=tls) as (url, _):
+        configuration.host = url
+        async with (
+            ApiClient(configuration=configuration) as api,
+            HttpTransport.for_api_client(api) as transport,
+        ):
+            api.user_agent = "writer/1"
+            response = await transport.send(Request(method="GET", path="/a"))
+    assert response.status == 200
+    head = seen[0].lower()
+    assert b"\r\nauthorization: bearer t0ken\r\n" in head
+    assert b"\r\nuser-agent: writer/1\r\n" in head
