@@ -36,8 +36,8 @@ Invariants:
 2. Every failure passes through ``BACKOFF`` before the next request, so no server fault drives
    more than one LIST (or any request) per backoff step. Only progress moves on at once: a
    listing, an accepted probe, a watch that delivered a frame or lasted a second before it
-   closed or its connection broke; and a failed streaming list falls back to its one LIST at
-   once, as client-go's does.
+   closed or its connection broke; and a streaming list that failed other than throttled or
+   refused falls back to its one LIST at once, as client-go's does.
 3. A cursor the server rejects (410, 504, a Status reason Expired or Gone:
    ``exception_rejects_cursor``) is never used again: the next listing replaces it. A failed
    watch relists unless the failure keeps the cursor: 429 or connection refused
@@ -406,9 +406,9 @@ def _after_failure(state: _Active, outcome: _Failed, caps: _Caps) -> _Decision:
         return _backoff(caps.listing(state.relist_reason), what, err)
     if isinstance(state, _StreamListing):
         what = f"streaming list failed: {one_line(err)}"
-        if _verdict(err) is _Verdict.FAILED:
-            return _Decision(_Listing(state.relist_reason), what=f"{what}; falling back to a LIST")
-        return _backoff(state, what, err)
+        if _verdict(err) is _Verdict.KEEPS_CURSOR:
+            return _backoff(state, what, err)
+        return _Decision(_Listing(state.relist_reason), what=f"{what}; falling back to a LIST")
     if isinstance(state, _Probing):
         return _after_failed_probe(state, err, caps)
     return _after_failed_watch(state, outcome, caps)
@@ -624,6 +624,10 @@ class KubernetesReflector:
         return name
 
     async def watch(self) -> AsyncIterator[SourceEvent]:
+        schedule = self._pacing.schedule
+        if schedule.last_reset is None:
+            # Go's DelayWithReset counts its reset interval from the reflector's construction.
+            self._pacing = replace(self._pacing, schedule=schedule.reset(self._clock.time()))
         state: _State = self._caps.listing()
         self._log.debug("start -> %s", _next_move(state))
         try:

@@ -478,6 +478,27 @@ async def _steps_taken_within(seconds: float, rand: float) -> int:
     return steps
 
 
+async def test_the_backoff_starts_over_two_minutes_after_the_reflector_started() -> None:
+    """Go's ``DelayWithReset`` starts its 2-minute interval when the reflector is made, not at
+    its first step: a watch quiet for 100 s ends in 410 (step 1), the next one 20 s later, past
+    2 minutes since the start, so its step is the first again, ``[RETRY, 2·RETRY)``, where an
+    interval counted from the first step would make it the second, ``[2·RETRY, 4·RETRY)``."""
+    clock = FakeClock()
+    api = FakePodApi(
+        lists=[page("10"), page("11"), page("12")],
+        watches=[[hold(clock, 100.0), error(410)], [hold(clock, 20.0), error(410)]],
+    )
+    async with running(api, clock):
+        await clock.advance(100.0)
+        while len(api.list_calls) < 2:
+            await clock.advance(EPS)
+        failed_at = clock.time() + 20.0
+        await clock.advance(failed_at + RETRY - EPS - clock.time())
+        assert len(api.list_calls) == 2
+        await clock.advance(RETRY + EPS)
+        assert len(api.list_calls) == 3
+
+
 async def test_a_server_rejecting_every_cursor_is_listed_once_per_backoff_step() -> None:
     """Every WATCH answered 410. Over 10 minutes of fake time the LIST count is that
     of Go's backoff (steps doubling to 30 s, starting over every 2 minutes): between the steps
@@ -968,15 +989,30 @@ async def test_streaming_list_buffers_until_the_end_bookmark_and_goes_on_watchin
         KubernetesApiError(422, "Invalid", "sendInitialEvents is forbidden"),
         KubernetesApiError(500, "InternalError"),
         [added("a", "5")],
+        ConnectionResetError("reset"),
+        [added("a", "5"), KubernetesConnectionError("pod watch cut short")],
+        KubernetesConnectionError("nothing read for 17s", idle=True),
+        KubernetesApiError(410, "Expired"),
+        error(410),
     ],
-    ids=["HTTP 422", "HTTP 500", "closed before the end bookmark"],
+    ids=[
+        "HTTP 422",
+        "HTTP 500",
+        "closed before the end bookmark",
+        "reset",
+        "broken mid-stream",
+        "idle",
+        "HTTP 410",
+        "ERROR 410",
+    ],
 )
 async def test_streaming_list_falls_back_to_a_list(
     script: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Go ``ListAndWatch``: a watch-list that fails for a reason other than throttling or a
-    rejected cursor falls back to a LIST at once ("making progress is better than
-    deadlocking"); so does one that closed without the end bookmark."""
+    refused connection (``isWatchErrorRetriable``) falls back to a LIST at once ("making
+    progress is better than deadlocking"), a broken or silent connection and a rejected cursor
+    included; so does one that closed without the end bookmark."""
     api = StreamingFakePodApi(stream_lists=[script], lists=[page("10", "x")])
     with caplog.at_level(logging.WARNING):
         async with running(api, FakeClock(), streaming_list=True) as run:
@@ -1003,6 +1039,20 @@ async def test_throttled_streaming_list_is_retried_after_a_backoff_step() -> Non
         assert api.stream_list_calls == 2
         assert api.list_calls == []
         assert list(run.replaces()[0].objects) == ["a"]
+
+
+async def test_streams_that_break_and_lists_that_fail_cost_a_backoff_step_each_pair() -> None:
+    """Bounded: a broken stream's LIST comes at once, but a failed LIST waits a step before the
+    next stream, so a server that breaks both gets at most two requests per backoff step."""
+    clock = FakeClock()
+    broken = [ConnectionResetError("reset")] * 4
+    api = StreamingFakePodApi(stream_lists=list(broken), lists=list(broken))
+    async with running(api, clock, streaming_list=True):
+        assert (api.stream_list_calls, len(api.list_calls)) == (1, 1)
+        await clock.advance(RETRY - EPS)
+        assert (api.stream_list_calls, len(api.list_calls)) == (1, 1)
+        await step_waited(clock)
+        assert (api.stream_list_calls, len(api.list_calls)) == (2, 2)
 
 
 async def test_relist_after_a_dead_cursor_streams_the_list_again() -> None:
