@@ -7,8 +7,10 @@ Go counterpart: none (what the differential harness runs both clients on).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
@@ -196,6 +198,7 @@ class Rig:
                 history=config.proxy_history,
             )
         )
+        stack.callback(_write_requests_of, self._http_proxy, self.work_dir / "proxy-requests.tsv")
         behind_http = self._http_proxy.write_kubeconfig(self.work_dir / "http-proxy.kubeconfig")
         host, port = server_address(behind_http)
         self._proxy = stack.enter_context(
@@ -255,6 +258,17 @@ class Rig:
     def _kubeconfig(self, name: ApiServerName) -> Path:
         plane = self.plane
         return plane.cached_kubeconfig if name == "cached" else plane.uncached_kubeconfig
+
+
+def _write_requests_of(proxy: HttpFaultProxy, path: Path) -> None:
+    """The HTTP proxy's request log (as long as its history) as lines: wall-clock time, the
+    client's User-Agent, LIST or WATCH, the path and query, what the proxy did."""
+    shift = time.time() - time.monotonic()
+    with path.open("w") as out:
+        for seen in proxy.seen():
+            at = datetime.datetime.fromtimestamp(seen.at + shift).strftime("%H:%M:%S.%f")[:-3]
+            verb = "WATCH" if seen.is_watch else seen.method
+            out.write(f"{at}\t{seen.user_agent[:24]}\t{verb}\t{seen.target}\t{seen.outcome}\n")
 
 
 def _started(part: _T | None) -> _T:
