@@ -394,6 +394,10 @@ async def objects_bench(
     for key, title in (
         ("sync_s", "LIST-to-synced by round (s)"),
         ("cpu_per_event", "CPU per WATCH event by round (us), unpolled window"),
+        (
+            "apiserver_cpu_per_event",
+            "the apiserver's CPU per WATCH event by round (us), same window",
+        ),
         ("instructions_per_event", "instructions per WATCH event by round (thousands)"),
     ):
         if any(results.per_round(name, key) != [None] * len(results.rounds) for name in contenders):

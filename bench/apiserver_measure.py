@@ -150,6 +150,21 @@ async def run_writer(writer: Child, args: argparse.Namespace) -> WriterRun:
     return WriterRun(started=float(done["started"]), acks=acks, errors=int(done["errors"]))
 
 
+class WindowCpu:
+    """A process's CPU from now on, per event: the apiserver's over the writer's window, where it
+    shares the two cores with the contender (a custom resource's write and watch event cost it
+    more than a pod's)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self._pid = pid
+        self._cpu = cpu_seconds(pid) if pid is not None else 0.0
+
+    def per_event(self, events: int) -> float | None:
+        if self._pid is None or not events:
+            return None
+        return (cpu_seconds(self._pid) - self._cpu) / events
+
+
 class ApiserverLoad:
     """The apiserver's CPU and peak RSS over a phase, read from its ``/proc`` from outside."""
 
@@ -275,7 +290,9 @@ async def measure_python(
                 await proc.send("mark")
                 await proc.read("marked", 30.0)
                 kernel = KernelShare(proc.process.pid)
+                apiserver = WindowCpu(env.apiserver_pid)
                 written, _ = await write_and_catch_up(proc, writer, args)
+                values["apiserver_cpu_per_event"] = apiserver.per_event(len(written.acks))
             values["kernel_share"] = kernel.share()
             await proc.send(f"drain {written.last_rv}")
             drained = await proc.read("drained", args.drain_timeout + 60.0)

@@ -58,6 +58,9 @@ METRICS: dict[str, Metric] = {
     "lag_p50": Metric("WATCH lag behind the apiserver, median", "ms", 1e3, False),
     "lag_p99": Metric("WATCH lag behind the apiserver, p99", "ms", 1e3, False),
     "cpu_per_event": Metric("contender CPU per WATCH event", "us", 1e6, False),
+    "apiserver_cpu_per_event": Metric(
+        "  apiserver CPU per WATCH event meanwhile", "us", 1e6, False, False
+    ),
     "kernel_share": Metric("  share of it in the kernel (stat's ticks)", "%", 100.0, False, False),
     "instructions_per_event": Metric("instructions per WATCH event", "k", 1e-3, False),
     "dispatch_p50": Metric("reconcile dispatch latency, median", "us", 1e6, False),
