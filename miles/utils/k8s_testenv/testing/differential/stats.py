@@ -87,8 +87,8 @@ class Stats:
         for after, count in sorted(self.client_go_diverged.items()):
             lines.append(
                 f"client-go did not converge after {after} {count} time(s), as Go's semantics "
-                "predict (a nameless pod stored under '<namespace>/', the pod left stale); "
-                "restarted each time, not counted as a divergence"
+                "predict (each nameless object, pod or pool, stored under '<namespace>/', the "
+                "object left stale); restarted each time, not counted as a divergence"
             )
         if self.kubelet:
             lines.append(
