@@ -29,16 +29,20 @@ class _Upstream:
     def send(self, data: bytes) -> None:
         self._arriving.put_nowait(_chunk(data))
 
+    async def send_spaced(self, clock: FakeClock, *arrivals: tuple[bytes, float]) -> None:
+        """Each chunk sent, then the clock moved on by the gap after it."""
+        for data, gap in arrivals:
+            self.send(data)
+            await clock.advance(gap)
+
     def fail(self, err: BaseException) -> None:
         self._arriving.put_nowait(err)
 
     async def chunks(self) -> AsyncIterator[Chunk]:
         try:
-            while True:
-                arrived = await self._arriving.get()
-                if isinstance(arrived, BaseException):
-                    raise arrived
+            while isinstance(arrived := await self._arriving.get(), Chunk):
                 yield arrived
+            raise arrived
         finally:
             self.closed = True
 
@@ -67,15 +71,17 @@ class _Client:
         await self._line.aclose()
 
 
-async def test_each_chunk_comes_out_its_hold_after_it_arrived_so_a_burst_does_not_add_up() -> None:
+def _delay_line(
+    hold: Callable[[Chunk], float] = lambda _: HOLD,
+) -> tuple[FakeClock, _Upstream, _Client]:
+    """A delay line holding each chunk ``hold(chunk)`` seconds, its upstream and its reader."""
     clock, upstream = FakeClock(), _Upstream()
-    client = _Client(upstream, clock, lambda _: HOLD)
-    upstream.send(b"a")
-    await clock.advance(0.5)
-    upstream.send(b"b")
-    await clock.advance(0.1)
-    upstream.send(b"c")
-    await clock.advance(0.8)
+    return clock, upstream, _Client(upstream, clock, hold)
+
+
+async def test_each_chunk_comes_out_its_hold_after_it_arrived_so_a_burst_does_not_add_up() -> None:
+    clock, upstream, client = _delay_line()
+    await upstream.send_spaced(clock, (b"a", 0.5), (b"b", 0.1), (b"c", 0.8))
     assert client.received == []
     await clock.advance(0.1)
     assert client.received == [(1.5, b"a")]
@@ -85,12 +91,8 @@ async def test_each_chunk_comes_out_its_hold_after_it_arrived_so_a_burst_does_no
 
 
 async def test_a_chunk_held_less_still_waits_for_the_one_ahead_of_it() -> None:
-    clock, upstream = FakeClock(), _Upstream()
-    client = _Client(upstream, clock, lambda chunk: HOLD if chunk.data == b"held" else 0.0)
-    upstream.send(b"held")
-    await clock.advance(0.2)
-    upstream.send(b"not held")
-    await clock.advance(0.2)
+    clock, upstream, client = _delay_line(lambda chunk: HOLD if chunk.data == b"held" else 0.0)
+    await upstream.send_spaced(clock, (b"held", 0.2), (b"not held", 0.2))
     assert client.received == []
     await clock.advance(1.1)
     assert client.received == [(1.5, b"held"), (1.5, b"not held")]
@@ -101,8 +103,7 @@ async def test_a_chunk_held_less_still_waits_for_the_one_ahead_of_it() -> None:
 
 
 async def test_a_broken_upstream_is_raised_after_the_chunks_that_came_before_it() -> None:
-    clock, upstream = FakeClock(), _Upstream()
-    client = _Client(upstream, clock, lambda _: HOLD)
+    clock, upstream, client = _delay_line()
     upstream.send(b"a")
     upstream.fail(ConnectionResetError("reset by peer"))
     await clock.advance(1.0)
@@ -115,8 +116,7 @@ async def test_a_broken_upstream_is_raised_after_the_chunks_that_came_before_it(
 
 
 async def test_closing_the_line_stops_reading_the_upstream() -> None:
-    clock, upstream = FakeClock(), _Upstream()
-    client = _Client(upstream, clock, lambda _: HOLD)
+    clock, upstream, client = _delay_line()
     upstream.send(b"a")
     await settle()
     await client.close()
