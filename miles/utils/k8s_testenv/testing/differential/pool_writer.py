@@ -20,6 +20,7 @@ from typing import Any
 from miles.utils.k8s_testenv.testing.differential.config import SELECT_LABEL
 from miles.utils.k8s_testenv.testing.differential.engine_pools import ENGINE_POOLS
 from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
+from miles.utils.k8s_testenv.testing.differential.membership import Membership
 from miles.utils.k8s_testenv.testing.differential.ours import PARENT_LABEL
 
 _NAME_PREFIX = "pool-"
@@ -170,18 +171,8 @@ class PoolWriter:
         elif op is PoolOp.STATUS:
             pool.ready = self.rng.randint(0, pool.replicas)
             await self._patch_status(name, pool.ready)
-        elif op is PoolOp.MOVE:
-            pool.parent = self._new_parent(pool.parent)
-            await self._labels(name, {PARENT_LABEL: pool.parent})
-        elif op in (PoolOp.LEAVE, PoolOp.REENTER):
-            pool.selected = op is PoolOp.REENTER
-            await self._labels(name, {SELECT_LABEL: "in" if pool.selected else "out"})
-        elif op is PoolOp.ORPHAN:
-            pool.parent = None
-            await self._labels(name, {PARENT_LABEL: None})
-        elif op is PoolOp.ADOPT:
-            pool.parent = self._new_parent()
-            await self._labels(name, {PARENT_LABEL: pool.parent})
+        elif (change := Membership.of(op)) is not None:
+            await self._labels(name, change.apply(pool, self._new_parent))
         elif op is PoolOp.DELETE:
             del self._model[name]
             await self.write(

@@ -20,6 +20,7 @@ from miles.utils.k8s_testenv.kwok import Kwok
 from miles.utils.k8s_testenv.testing.differential.config import SELECT_LABEL, HarnessConfig, LogFn
 from miles.utils.k8s_testenv.testing.differential.errors import HarnessAborted
 from miles.utils.k8s_testenv.testing.differential.kubelet_churn import ChurnFailed, KubeletChurn
+from miles.utils.k8s_testenv.testing.differential.membership import Membership
 from miles.utils.k8s_testenv.testing.differential.ours import PARENT_LABEL
 from miles.utils.k8s_testenv.testing.differential.pool_writer import PoolWriter
 from miles.utils.k8s_testenv.testing.differential.scenario import KUBELET_CHURN, OpKind
@@ -150,18 +151,8 @@ class Writer:
         elif op is OpKind.RELABEL:
             self._generation += 1
             await self._label_patch(name, {GEN_LABEL: str(self._generation)})
-        elif op is OpKind.MOVE:
-            pod.parent = self._new_parent(pod.parent)
-            await self._label_patch(name, {PARENT_LABEL: pod.parent})
-        elif op in (OpKind.LEAVE, OpKind.REENTER):
-            pod.selected = op is OpKind.REENTER
-            await self._label_patch(name, {SELECT_LABEL: "in" if pod.selected else "out"})
-        elif op is OpKind.ORPHAN:
-            pod.parent = None
-            await self._label_patch(name, {PARENT_LABEL: None})
-        elif op is OpKind.ADOPT:
-            pod.parent = self._new_parent()
-            await self._label_patch(name, {PARENT_LABEL: pod.parent})
+        elif (change := Membership.of(op)) is not None:
+            await self._label_patch(name, change.apply(pod, self._new_parent))
         elif op is OpKind.DELETE_GRACEFUL:
             pod.terminating = True
             await self._delete(name, grace=self.rng.randint(1, 3))
