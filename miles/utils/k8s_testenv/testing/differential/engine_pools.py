@@ -43,30 +43,25 @@ def pool_summary(
 
 def pool_row_of_json(item: Mapping[str, Any], parent: str | None) -> PodRow:
     meta = item["metadata"]
-    return PodRow(
-        uid=meta["uid"],
-        resource_version=meta["resourceVersion"],
-        parent=parent,
-        status=pool_summary(
-            generation=meta.get("generation"),
-            spec=item.get("spec") or {},
-            status=item.get("status") or {},
-        ),
-    )
+    return _pool_row(meta["uid"], meta["resourceVersion"], meta.get("generation"), item, parent)
 
 
 def pool_row(pool: DynamicObject, parent: str) -> PodRow:
     meta = pool.metadata
-    return PodRow(
-        uid=meta.uid or "",
-        resource_version=meta.resource_version or "",
-        parent=parent,
-        status=pool_summary(
-            generation=meta.generation,
-            spec=pool.get("spec") or {},
-            status=pool.get("status") or {},
-        ),
-    )
+    uid, version = meta.uid or "", meta.resource_version or ""
+    return _pool_row(uid, version, meta.generation, pool, parent)
+
+
+def _pool_row(
+    uid: str,
+    resource_version: str,
+    generation: int | None,
+    pool: Mapping[str, Any] | DynamicObject,
+    parent: str | None,
+) -> PodRow:
+    spec, status = pool.get("spec") or {}, pool.get("status") or {}
+    summary = pool_summary(generation=generation, spec=spec, status=status)
+    return PodRow(uid=uid, resource_version=resource_version, parent=parent, status=summary)
 
 
 async def install_engine_pools(*, writer_api: Any, target_api: Any, namespace: str) -> None:

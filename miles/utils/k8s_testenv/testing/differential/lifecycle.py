@@ -207,27 +207,22 @@ class Rig:
         proxied = proxied_kubeconfig(
             behind_http, self.work_dir / "proxied.kubeconfig", self._proxy.url
         )
-        self._oracle = await stack.enter_async_context(
-            OracleProcess(
+
+        def oracle(log_name: str, resource: str = "") -> OracleProcess:
+            return OracleProcess(
                 binary=self.oracle_binary,
                 kubeconfig=proxied,
                 namespace=self.namespace,
                 selector=SELECTOR,
-                log_path=self.work_dir / "oracle.log",
+                log_path=self.work_dir / log_name,
                 watch_list=config.oracle_watch_list,
+                resource=resource,
             )
-        )
+
+        self._oracle = await stack.enter_async_context(oracle("oracle.log"))
         if config.engine_pools:
             self._pool_oracle = await stack.enter_async_context(
-                OracleProcess(
-                    binary=self.oracle_binary,
-                    kubeconfig=proxied,
-                    namespace=self.namespace,
-                    selector=SELECTOR,
-                    log_path=self.work_dir / "oracle-enginepools.log",
-                    watch_list=config.oracle_watch_list,
-                    resource=ORACLE_RESOURCE,
-                )
+                oracle("oracle-enginepools.log", ORACLE_RESOURCE)
             )
         self._ours = await stack.enter_async_context(
             self.ours_factory(
