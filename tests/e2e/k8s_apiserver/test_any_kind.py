@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -30,8 +30,10 @@ from miles.utils.workers.reconcile.k8s_objects import (
     KubernetesObject,
     PartialObjectMetadata,
 )
+from miles.utils.workers.reconcile.k8s_pager import list_in_pages
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Lenient
+from miles.utils.workers.reconcile.k8s_values import ListOptions
 from miles.utils.workers.reconcile.resource import (
     CONFIG_MAPS,
     CUSTOM_RESOURCE_DEFINITIONS,
@@ -335,4 +337,81 @@ async def test_an_object_the_model_refuses_is_named_and_never_served(
         frame = "EnginePool watch frame unreadable after resourceVersion="
         assert any(frame in line and f"EnginePool {k8s_namespace}/good" in line for line in lines)
         assert any("spec.engine" in line for line in lines)
+    print(LAYER)
+
+
+class _ReadOrder:
+    """A resource API whose reads and decodes are written down in the order they happen: per
+    decode, how many reads had started, and each page's hint beside its decoded token."""
+
+    def __init__(self, api: KubernetesAsyncioResourceApi[Any]) -> None:
+        self.api = api
+        self.reads: list[str | None] = []
+        self.sent = 0
+        self.decodes: list[int] = []
+        self.hints: list[tuple[str | None, str | None]] = []
+
+    async def list_page(self, options: ListOptions) -> Any:
+        return await self.api.list_page(options)
+
+    async def read_page(
+        self,
+        options: ListOptions,
+        *,
+        on_head: Callable[[str | None], object] | None = None,
+        on_sent: Callable[[], object] | None = None,
+    ) -> Any:
+        self.reads.append(options.continue_token)
+
+        def sent() -> None:
+            self.sent += 1
+            if on_sent is not None:
+                on_sent()
+
+        undecoded = await self.api.read_page(options, on_head=on_head, on_sent=sent)
+        order = self
+
+        class Recorded:
+            continue_hint = undecoded.continue_hint
+
+            def decode(self) -> Any:
+                order.decodes.append(len(order.reads))
+                page = undecoded.decode()
+                order.hints.append((undecoded.continue_hint, page.continue_token))
+                return page
+
+        return Recorded()
+
+    def stream(self, **kwargs: Any) -> Any:
+        return self.api.stream(**kwargs)
+
+    def stream_list(self, **kwargs: Any) -> Any:
+        return self.api.stream_list(**kwargs)
+
+
+async def test_a_paged_list_of_custom_objects_reads_the_next_page_before_decoding_this_one(
+    k8s_api_client: ApiClientFactory, k8s_namespace: str
+) -> None:
+    """Row pager overlap: the apiserver writes a custom resource's list continue token after its
+    items; the pager reads it from the body's last bytes and asks for the next page, whose request
+    is written, before this page decodes."""
+    async with k8s_api_client("cached") as api:
+        await _install_crd(api, yaml.safe_load(CRD_MANIFEST.read_text()))
+        custom = client.CustomObjectsApi(api)
+        args = (POOLS.group, POOLS.version, k8s_namespace, POOLS.plural)
+        for name in "abcde":
+            await custom.create_namespaced_custom_object(*args, _pool(name, 1))
+        order = _ReadOrder(
+            KubernetesAsyncioResourceApi(api_client=api, resource=POOLS, model=EnginePool)
+        )
+        page = await list_in_pages(
+            order, ListOptions(k8s_namespace), log=logging.getLogger(__name__), page_size=2
+        )
+    assert sorted(o.metadata.name for o in page.objects) == list("abcde")
+    assert len(order.reads) == 3
+    assert order.sent == 3
+    assert order.decodes == [2, 3, 3]
+    assert [hint == token for hint, token in order.hints] == [True, True, True]
+    assert order.hints[0][0] is not None
+    assert order.hints[2] == (None, None)
     print(LAYER)

@@ -31,6 +31,7 @@ import logging
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import aclosing, asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -83,6 +84,7 @@ from miles.utils.workers.reconcile.k8s_wire import (
     decode_watch_read,
     list_head_complete,
     peek_continue_token,
+    peek_trailing_continue_token,
 )
 from miles.utils.workers.reconcile.resource import Resource
 
@@ -173,7 +175,10 @@ class _ListWatchApi:
         return decode_watch_read(lines, listing=listing)
 
     async def _read_list(
-        self, options: ListOptions, on_head: Callable[[str | None], object] | None = None
+        self,
+        options: ListOptions,
+        on_head: Callable[[str | None], object] | None = None,
+        on_sent: Callable[[], object] | None = None,
     ) -> bytes:
         import aiohttp
 
@@ -182,14 +187,20 @@ class _ListWatchApi:
             sock_connect=self._connect_timeout,
             sock_read=self._list_read_timeout,
         )
+        if on_sent is not None:
+            _announcing_written(getattr(self._auth, "api_client", None))
         with _translated(f"{self._noun} LIST"):
-            resp = await self._get(
-                options.namespace,
-                label_selector=options.label_selector,
-                _preload_content=False,
-                _request_timeout=timeout,
-                **_list_query(options),
-            )
+            announced = _REQUEST_WRITTEN.set(on_sent)
+            try:
+                resp = await self._get(
+                    options.namespace,
+                    label_selector=options.label_selector,
+                    _preload_content=False,
+                    _request_timeout=timeout,
+                    **_list_query(options),
+                )
+            finally:
+                _REQUEST_WRITTEN.reset(announced)
             try:
                 await _raise_for_status(resp, self._auth)
                 with _failing_when_cut_off(resp):
@@ -356,9 +367,15 @@ class KubernetesAsyncioPodApi(_ListWatchApi):
         return page
 
     async def read_pod_page(
-        self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
+        self,
+        options: ListOptions,
+        *,
+        on_head: Callable[[str | None], object] | None = None,
+        on_sent: Callable[[], object] | None = None,
     ) -> UndecodedPodPage:
-        return _UndecodedPage(await self._read_list(options, on_head), self)
+        """``PrefetchPagedPodApi.read_pod_page``; ``on_sent()`` is called once the request is
+        written to its connection."""
+        return _UndecodedPage(await self._read_list(options, on_head, on_sent), self)
 
     def stream_pods(
         self,
@@ -483,10 +500,15 @@ class KubernetesAsyncioResourceApi(_ListWatchApi, Generic[_M]):
         return page
 
     async def read_page(
-        self, options: ListOptions, *, on_head: Callable[[str | None], object] | None = None
+        self,
+        options: ListOptions,
+        *,
+        on_head: Callable[[str | None], object] | None = None,
+        on_sent: Callable[[], object] | None = None,
     ) -> UndecodedPodPage:
-        """As ``list_page``, but the body is decoded by the returned page's ``decode()``."""
-        return _UndecodedPage(await self._read_list(options, on_head), self)
+        """As ``list_page``, but the body is decoded by the returned page's ``decode()``;
+        ``on_head`` and ``on_sent`` as ``read_pod_page``'s."""
+        return _UndecodedPage(await self._read_list(options, on_head, on_sent), self)
 
     def stream(
         self,
@@ -586,6 +608,38 @@ def _list_query(options: ListOptions) -> dict[str, Any]:
     return query
 
 
+_REQUEST_WRITTEN: ContextVar[Callable[[], object] | None] = ContextVar(
+    "request_written", default=None
+)
+"""What the LIST request of the running task calls once it is written: a context variable, as
+``kubernetes_asyncio`` passes nothing of ours down to the aiohttp request it makes."""
+
+
+def _announcing_written(api_client: Any) -> None:
+    """Makes ``api_client``'s aiohttp session call ``_REQUEST_WRITTEN`` as it writes a request
+    (once per session; nothing where there is no aiohttp session, as with a fake client)."""
+    session = getattr(getattr(api_client, "rest_client", None), "pool_manager", None)
+    configs = getattr(session, "trace_configs", None)
+    if not isinstance(configs, list) or any(
+        _request_written in config.on_request_headers_sent for config in configs
+    ):
+        return
+    import aiohttp
+
+    config = aiohttp.TraceConfig()
+    config.on_request_headers_sent.append(_request_written)
+    config.freeze()
+    configs.append(config)
+
+
+async def _request_written(_session: Any, _context: Any, params: Any) -> None:
+    # aiohttp sends this signal as it hands the headers to its writer, which writes them (a LIST
+    # has no body) before the request's task next waits (aiohttp 3.14 ClientRequest.send).
+    announce = _REQUEST_WRITTEN.get()
+    if announce is not None and params.method != "CONNECT":
+        announce()
+
+
 async def _read_announcing_head(content: Any, on_head: Callable[[str | None], object]) -> bytes:
     chunks: list[bytes] = []
     announced = False
@@ -609,8 +663,9 @@ class _UndecodedPage:
 
     @property
     def continue_hint(self) -> str | None:
-        # Read on demand: the pager takes its hint from `on_head`, and every page went through this.
-        return peek_continue_token(self._body)
+        # Read on demand: the pager takes a leading token from `on_head`, and asks here only when
+        # there was none.
+        return peek_continue_token(self._body) or peek_trailing_continue_token(self._body)
 
     def decode(self) -> Any:
         noun = self._api._noun

@@ -54,8 +54,9 @@ class PagedPodApi(Protocol):
 
 class UndecodedPodPage(Protocol):
     """A LIST page read but not yet decoded. ``continue_hint`` is its continue token when it could
-    be read without decoding the items (the apiserver writes ``metadata`` before ``items``), else
-    ``None``; ``decode()`` gives the page, whose ``continue_token`` is the authoritative one."""
+    be read without decoding the items (from the bytes before them, where the apiserver writes a
+    pod list's ``metadata``, or after them, where it writes a custom resource's), else ``None``;
+    ``decode()`` gives the page, whose ``continue_token`` is the authoritative one."""
 
     @property
     def continue_hint(self) -> str | None: ...
@@ -76,7 +77,9 @@ class PrefetchPagedPodApi(Protocol):
         """As ``list_pod_page``, but the body is not decoded yet.
         ``on_head`` is called once the first bytes of the body are in, before the rest is read,
         with the continue token read from them (``None`` when they do not give one); not at all
-        when the read fails before that."""
+        when the read fails before that. An implementation may also take ``on_sent``, called with
+        no argument once the request is written (``k8s_pager`` then decodes the previous page while
+        the server builds this one; it looks for the parameter in the signature)."""
         ...
 
 

@@ -8,11 +8,14 @@ second expiry in a row falls back to one unpaged LIST, which has no token to los
 ``FullListIfExpired`` falls back at the first expiry; restarting once first keeps the one-page
 memory bound when the expiry was a single slow read.
 
-With a ``PrefetchPagedPodApi``, page n+1 is requested as soon as page n's first bytes are in (its
-continue token is read from the bytes before its items), so the apiserver serves it while page n
-still streams and decodes; page n+2 is requested only after page n has decoded, so at most one
-page is read ahead, and a LIST that fails or is cancelled cancels it. Go's pager reads its pages
-one after another, as ours does over a plain ``PagedPodApi``.
+With a ``PrefetchPagedPodApi``, page n+1 is requested as soon as page n's continue token can be
+read without decoding page n: from its first bytes when ``metadata`` precedes the items (a pod
+list), so the apiserver serves page n+1 while page n still streams; from its last bytes when
+``metadata`` follows them (a custom resource's list, served unstructured). Page n decodes once
+page n+1's request is written (``on_sent``; or its head is in, from an API without ``on_sent``),
+so the apiserver builds page n+1 while page n decodes. Page n+2 is requested only after page n has
+decoded, so at most one page is read ahead, and a LIST that fails or is cancelled cancels it. Go's
+pager reads its pages one after another, as ours does over a plain ``PagedPodApi``.
 
 The whole LIST runs inside ``list_memory.listing()``, which owns what it does to memory (the
 collector's pause, the aging of what it built, the heap trim).
@@ -21,6 +24,7 @@ collector's pause, the aging of what it built, the heap trim).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import contextmanager, nullcontext
@@ -96,6 +100,15 @@ _ListPage = Callable[[ListOptions], Awaitable[Any]]
 _ReadPage = Callable[..., Coroutine[Any, Any, UndecodedPodPage]]
 
 
+def _takes_on_sent(read_page: _ReadPage) -> bool:
+    """Whether ``read_page`` takes ``on_sent``; an API written before it takes ``on_head`` only."""
+    try:
+        parameters = inspect.signature(read_page).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "on_sent" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 async def _list(
     list_page: _ListPage,
     read_page: _ReadPage | None,
@@ -132,11 +145,18 @@ async def _paged(list_page: _ListPage, options: ListOptions) -> Any:
 
 
 async def _prefetched(read_page: _ReadPage, options: ListOptions) -> Any:
+    signals_sent = _takes_on_sent(read_page)
+
     def read(token: str | None) -> _Read:
-        head: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        head: asyncio.Future[str | None] = loop.create_future()
+        written: asyncio.Future[str | None] = loop.create_future()
         asked = options if token is None else options.continued(token)
-        task = asyncio.create_task(read_page(asked, on_head=partial(_resolve, head)))
-        return _Read(token, task, head)
+        signals = {"on_head": partial(_resolve, head)}
+        if signals_sent:
+            signals["on_sent"] = partial(_resolve, written, None)
+        task = asyncio.create_task(read_page(asked, **signals))
+        return _Read(token, task, head, written)
 
     pods: list[Any] = []
     current, ahead = read(None), None
@@ -146,8 +166,10 @@ async def _prefetched(read_page: _ReadPage, options: ListOptions) -> Any:
             ahead = read(hint) if hint else None
             with _continuation(len(pods)) if current.token else nullcontext():
                 undecoded = await current.task
+            if ahead is None and (hint := undecoded.continue_hint):
+                ahead = read(hint)
             if ahead is not None:
-                await ahead.head_or_none()
+                await ahead.until_written()
             page = undecoded.decode()
             del undecoded
             pods.extend(page.objects)
@@ -182,17 +204,24 @@ def _resolve(future: asyncio.Future[str | None], hint: str | None) -> None:
 
 @dataclass(frozen=True)
 class _Read:
-    """One page being read: its continue token, and its own token once the head is in."""
+    """One page being read: its continue token, its own token once the head is in, and whether its
+    request is written."""
 
     token: str | None
     task: asyncio.Task[UndecodedPodPage]
     head: asyncio.Future[str | None]
+    written: asyncio.Future[str | None]
 
     async def head_or_none(self) -> str | None:
         """The continue token read from the page's first bytes, once they are in (so its request
         is on the wire and its server answering); ``None`` if the read ended without them."""
         await first_of(self.task, self.head)
         return self.head.result() if self.head.done() else None
+
+    async def until_written(self) -> None:
+        """Returns once the request is written, its head is in or the read ended: a decode that
+        held the event loop before that would hold the request back with it."""
+        await first_of(self.task, self.head, self.written)
 
     async def discard(self) -> None:
         """Cancels the read and waits until it has stopped; its outcome is not wanted."""

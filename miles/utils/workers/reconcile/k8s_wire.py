@@ -131,6 +131,29 @@ def peek_continue_token(body: bytes) -> str | None:
     return head.metadata.continue_token or None
 
 
+_METADATA_KEY = b'"metadata":'
+_TAIL_BYTES = 16 * 2**10
+_BLANK = b" \t\r\n"
+
+
+def peek_trailing_continue_token(body: bytes) -> str | None:
+    """The continue token of a LIST body whose ``metadata`` follows its items, read from its last
+    bytes without decoding them; ``None`` when there is none or the body does not end
+    ``"metadata":{…}}``. The apiserver writes a custom resource's list so (unstructured, its keys
+    sorted: ``{"apiVersion":…,"items":[…],"kind":…,"metadata":{…}}``)."""
+    stop = len(body)
+    while stop and body[stop - 1] in _BLANK:
+        stop -= 1
+    start = body.rfind(_METADATA_KEY, max(0, stop - _TAIL_BYTES), stop)
+    if start == -1 or body[stop - 1 : stop] != b"}":
+        return None
+    try:
+        meta = _ListMeta.model_validate_json(body[start + len(_METADATA_KEY) : stop - 1])
+    except ValidationError:
+        return None
+    return meta.continue_token or None
+
+
 def _page(pods: list[Pod], meta: _ListMeta) -> PodListPage:
     return PodListPage(tuple(pods), meta.resource_version, meta.continue_token or None)
 

@@ -242,6 +242,30 @@ async def test_a_page_read_announces_its_continue_token_before_the_rest_of_its_b
     assert ([p.metadata.name for p in page.pods], page.continue_token) == (["a", "b"], "tok/2")
 
 
+async def test_a_page_read_announces_its_request_written_before_the_server_answers() -> None:
+    """Row pager overlap on the wire: ``on_sent`` is called once the request is written, while
+    the server still holds its answer (as the apiserver does until it has built the page), on
+    every read, through one hook on the client's session. A body whose ``metadata`` follows its
+    items (a custom resource's list) gives its token as ``continue_hint``."""
+    data = b'{"apiVersion":"v1","items":[],"kind":"PodList","metadata":{"continue":"tok/2"}}'
+    sent = asyncio.Event()
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        await sent.wait()
+        sent.clear()
+        return web.Response(body=data, content_type="application/json")
+
+    async with serving(Apiserver(lists=[respond, respond])) as api:
+        for _ in range(2):
+            read = api.read_pod_page(ListOptions("ns", limit=500), on_sent=sent.set)
+            undecoded = await asyncio.wait_for(read, 2.0)
+            assert undecoded.continue_hint == "tok/2"
+        session = api._core.api_client.rest_client.pool_manager
+        hooks = [h for c in session.trace_configs for h in c.on_request_headers_sent]
+    assert len(hooks) == 1
+    assert undecoded.decode().continue_token == "tok/2"
+
+
 async def test_reflector_lists_in_pages_of_500_over_the_wire() -> None:
     """Row ``ListPager`` on the wire: the reflector's first page carries ``limit=500`` and no
     resourceVersion, the next ``limit=500`` and the token; both pages reach one ReplaceEvent."""

@@ -1,7 +1,9 @@
 """Fast layer: ``list_in_pages`` over a ``PrefetchPagedPodApi`` (rows ``k8s_pager.py``): the next
-page is requested once this one's bytes are in and its server is answering before this one
-decodes, never more than one page ahead, and a LIST that fails or is cancelled cancels that read;
-the collector stays paused for the whole LIST, and what a LIST built is frozen."""
+page is requested once this one's token is in (from its head, or from its body's last bytes when
+the token trails the items), and this one decodes once that request is written (once its server
+is answering, from an API without ``on_sent``), never more than one page ahead, and a LIST that
+fails or is cancelled cancels that read; the collector stays paused for the whole LIST, and what a
+LIST built is frozen."""
 
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ from miles.utils.workers.reconcile.k8s_errors import FrameDecodeError, Kubernete
 from miles.utils.workers.reconcile.k8s_interfaces import PrefetchPagedPodApi
 from miles.utils.workers.reconcile.k8s_pager import list_in_pages
 from miles.utils.workers.reconcile.k8s_values import ListOptions, PodListPage
-from miles.utils.workers.reconcile.k8s_wire import peek_continue_token
+from miles.utils.workers.reconcile.k8s_wire import (
+    peek_continue_token,
+    peek_trailing_continue_token,
+)
 
 LOG = logging.getLogger("test_k8s_pager")
 
@@ -72,6 +77,7 @@ class PrefetchApi:
     decoded: list[tuple[int, bool]] = field(default_factory=list)
     collector_on_in_reads: list[bool] = field(default_factory=list)
     read_started: asyncio.Event = field(default_factory=asyncio.Event)
+    trailing: bool = False
 
     async def list_pod_page(self, options: ListOptions) -> PodListPage:
         return (await self.read_pod_page(options)).decode()
@@ -94,7 +100,7 @@ class PrefetchApi:
                 continue_token, entry.continue_token if isinstance(entry, PodListPage) else None
             )
             if on_head is not None:
-                on_head(hint)
+                on_head(None if self.trailing else hint)
             if continue_token in self.bodies_held:
                 await read.body.wait()
         except asyncio.CancelledError:
@@ -106,6 +112,24 @@ class PrefetchApi:
         while len(self.reads) < reads:
             self.read_started.clear()
             await self.read_started.wait()
+
+
+@dataclass
+class SendingApi(PrefetchApi):
+    """A ``PrefetchApi`` that calls ``on_sent`` as each read starts (its request written), before
+    its head: ``trailing`` pages announce no token at their head (a custom resource's list), their
+    ``continue_hint`` has it once the body is in."""
+
+    async def read_pod_page(
+        self,
+        options: ListOptions,
+        *,
+        on_head: Callable[[str | None], object] | None = None,
+        on_sent: Callable[[], object] | None = None,
+    ) -> Undecoded:
+        if on_sent is not None:
+            on_sent()
+        return await super().read_pod_page(options, on_head=on_head)
 
 
 def pages(count: int, per_page: int = 2) -> dict[str | None, list[PodListPage | BaseException]]:
@@ -168,6 +192,40 @@ async def test_a_page_decodes_only_once_the_next_pages_server_is_answering() -> 
     assert len(api.decoded) == 2
 
 
+async def test_a_page_decodes_once_the_next_request_is_written_before_its_head() -> None:
+    """The apiserver answers a page's head only once it has built the page, so waiting for the
+    head would leave it idle while this page decodes."""
+    api = SendingApi(pages(3), held={"t1"})
+    task = asyncio.create_task(listed(api))
+    await api.started(2)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert api.decoded == [(2, False)]
+    api.reads[1].answer.set()
+    assert names(await task) == [f"p{i}" for i in range(6)]
+    assert [started for started, _ in api.decoded] == [2, 3, 3]
+
+
+async def test_a_token_after_the_items_asks_for_the_next_page_before_this_one_decodes() -> None:
+    """A custom resource's list: no token at the head; the next page is asked for from the token
+    in the body's last bytes, and this page decodes while the apiserver builds that one."""
+    api = SendingApi(pages(3), held={"t1", "t2"}, trailing=True)
+    task = asyncio.create_task(listed(api))
+    await api.started(2)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert [r.token for r in api.reads] == [None, "t1"]
+    assert api.decoded == [(2, False)]
+    api.reads[1].answer.set()
+    await api.started(3)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert api.decoded == [(2, False), (3, False)]
+    api.reads[2].answer.set()
+    assert names(await task) == [f"p{i}" for i in range(6)]
+    assert [r.token for r in api.reads] == [None, "t1", "t2"]
+
+
 async def test_the_collector_stays_paused_for_the_whole_list_and_comes_back_on() -> None:
     api = PrefetchApi(pages(3))
     await listed(api)
@@ -221,8 +279,15 @@ async def test_a_page_that_does_not_decode_cancels_the_read_ahead() -> None:
     assert COLLECTOR.holders == 0
 
 
-async def test_a_cancelled_list_cancels_the_read_ahead_and_restores_the_collector() -> None:
-    api = PrefetchApi(pages(3), held={"t1"})
+@pytest.mark.parametrize("trailing", [False, True], ids=["leading-token", "trailing-token"])
+async def test_a_cancelled_list_cancels_the_read_ahead_and_restores_the_collector(
+    trailing: bool,
+) -> None:
+    api = (
+        SendingApi(pages(3), held={"t1"}, trailing=True)
+        if trailing
+        else PrefetchApi(pages(3), held={"t1"})
+    )
     before = gc.get_freeze_count()
     task = asyncio.create_task(listed(api))
     await api.started(2)
@@ -249,13 +314,14 @@ async def test_a_page_without_a_hint_is_followed_after_its_decode() -> None:
     assert names(page) == ["p0", "p1", "p2", "p3"]
 
 
+@pytest.mark.parametrize("trailing", [False, True], ids=["leading-token", "trailing-token"])
 async def test_an_expired_continuation_read_ahead_restarts_the_list_from_page_one(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, trailing: bool
 ) -> None:
     chained = pages(2)
     chained[None].append(chained[None][0])
     chained["t1"].insert(0, KubernetesApiError(410, "Expired", "continue token expired"))
-    api = PrefetchApi(chained)
+    api = SendingApi(chained, trailing=True) if trailing else PrefetchApi(chained)
     with caplog.at_level(logging.WARNING):
         page = await listed(api)
     assert [r.token for r in api.reads] == [None, "t1", None, "t1"]
@@ -271,3 +337,19 @@ def test_the_continue_token_is_read_from_the_bytes_before_the_items() -> None:
     assert peek_continue_token(b'{"items":[],"metadata":{"continue":"x"}}') is None
     assert peek_continue_token(b'{"metadata":{"continue":') is None
     assert peek_continue_token(b'{"kind":"PodList","metadata":{"continue":"x"},"items":[]}') == "x"
+
+
+def test_the_continue_token_is_read_from_the_bytes_after_the_items() -> None:
+    """As the apiserver writes a custom resource's list: its keys sorted, ``metadata`` last."""
+    body = b'{"apiVersion":"x/v1","items":[{"metadata":{"name":"a"}}],"kind":"XList",'
+    assert (
+        peek_trailing_continue_token(
+            body + b'"metadata":{"continue":"tok/1+=","resourceVersion":"7"}}\n'
+        )
+        == "tok/1+="
+    )
+    assert peek_trailing_continue_token(body + b'"metadata":{"resourceVersion":"7"}}') is None
+    assert peek_trailing_continue_token(b'{"items":[{"metadata":{"continue":"x"}}]}') is None
+    assert peek_trailing_continue_token(b'{"items":[],"metadata":{"continue":"x"}') is None
+    pods_first = list_body([realistic_pod("a")], "42", continue_token="tok")
+    assert peek_trailing_continue_token(pods_first) is None
