@@ -29,7 +29,11 @@ from miles.utils.workers.reconcile.k8s_errors import (
     KubernetesApiError,
     KubernetesConnectionError,
 )
-from miles.utils.workers.reconcile.k8s_framing import ByteStream, read_idle_error
+from miles.utils.workers.reconcile.k8s_framing import (
+    ByteStream,
+    InterruptibleRead,
+    read_idle_error,
+)
 from miles.utils.workers.reconcile.log import one_line
 
 PROBE_EVERY = 15.0
@@ -59,7 +63,7 @@ class _Read:
     began: float
 
 
-class WatchHealthCheck:
+class WatchHealthCheck(InterruptibleRead):
     """``content`` read under a health check; ``async with`` runs the task that keeps it.
 
     ``cursor`` is the resourceVersion of the last frame the watch delivered (the caller sets it)
@@ -78,46 +82,27 @@ class WatchHealthCheck:
         server: str | None,
         clock: Clock,
     ) -> None:
+        super().__init__(content, now=time_function(clock))
         self.cursor = cursor
-        self._content = content
         self._probe = probe
         self._probe_after = probe_after
         self._backstop = backstop
         self._server = server
         self._clock = clock
-        self._now = time_function(clock)
-        self._reads = 0
-        self._read_began = 0.0
-        self._reading: asyncio.Timeout | None = None
-        self._verdict: Exception | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._keeper: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> WatchHealthCheck:
-        self._task = asyncio.create_task(self._keep(), name="watch health check")
+        self._keeper = asyncio.create_task(self._keep(), name="watch health check")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        if self._keeper is not None:
+            self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def readany(self) -> bytes:
-        self._reads += 1
-        self._read_began = self._now()
-        reading = self._reading = asyncio.timeout(None)
-        try:
-            async with reading:
-                return await self._content.readany()
-        except TimeoutError:
-            if not reading.expired() or self._verdict is None:
-                raise
-            raise self._verdict from None
-        finally:
-            self._reading = None
+                await self._keeper
 
     def _waiting(self) -> _Read | None:
-        return None if self._reading is None else _Read(self._reads, self._read_began)
+        return _Read(self.reads, self.began) if self.waiting else None
 
     async def _keep(self) -> None:
         probed = (0, 0.0)  # the read last probed, and when that probe began
@@ -169,11 +154,9 @@ class WatchHealthCheck:
 
     def _end(self, read: _Read, verdict: Exception) -> bool:
         """Expires ``read`` with ``verdict`` if it is still the read waiting."""
-        if self._reading is None or self._waiting() != read:
+        if self._waiting() != read:
             return False
-        self._verdict = verdict
-        self._reading.reschedule(asyncio.get_running_loop().time())
-        return True
+        return self.interrupt(verdict)
 
     def _silence(self, read: _Read) -> str:
         return f"{self._now() - read.began:.0f}s"

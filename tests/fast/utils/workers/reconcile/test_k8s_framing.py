@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 
 from miles.utils.workers.reconcile.clock import settle
 from miles.utils.workers.reconcile.k8s_errors import KubernetesConnectionError
-from miles.utils.workers.reconcile.k8s_framing import ReadIdleDeadline, iter_lines
+from miles.utils.workers.reconcile.k8s_framing import (
+    InterruptibleRead,
+    ReadIdleDeadline,
+    iter_line_batches,
+    iter_lines,
+)
 
 
 async def test_read_idle_deadline_counts_only_the_time_a_read_waits(
@@ -75,3 +80,81 @@ def test_line_splitting_ignores_chunk_boundaries(lines: list[bytes], data: st.Da
 
     expected = [line.replace(b"\n", b"") for line in lines]
     assert asyncio.run(split()) == [line for line in expected if line.strip()]
+
+
+@given(st.lists(st.binary(max_size=60), max_size=6), st.data())
+@settings(deadline=None)
+def test_each_batch_is_the_lines_its_read_completes(
+    lines: list[bytes], data: st.DataObject
+) -> None:
+    """A read of whole lines (cut where it lies) and a read that ends inside one, or completes one
+    begun before it, give the same batches: per read, the non-blank lines it completes."""
+    payload = b"".join(line.replace(b"\n", b"") + b"\n" for line in lines)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(payload) - 1)), max_size=5))))
+    bounds = zip([0, *cuts], [*cuts, len(payload)], strict=True)
+    chunks = [payload[a:b] for a, b in bounds if b > a]
+    expected: list[list[bytes]] = []
+    read = b""
+    for chunk in chunks:
+        *complete, read = (read + chunk).split(b"\n")
+        if batch := [line for line in complete if line.strip()]:
+            expected.append(batch)
+    reads = list(chunks)
+
+    class Content:
+        async def readany(self) -> bytes:
+            return reads.pop(0) if reads else b""
+
+    async def batches() -> list[list[bytes]]:
+        return [batch async for batch in iter_line_batches(Content())]
+
+    assert asyncio.run(batches()) == expected
+
+
+class _Waiting:
+    """A byte stream whose one read waits until the test hands it bytes."""
+
+    def __init__(self) -> None:
+        self.arrived: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def readany(self) -> bytes:
+        return await self.arrived
+
+
+async def test_an_interrupted_read_raises_the_error_given() -> None:
+    content = _Waiting()
+    read = InterruptibleRead(content, now=lambda: 0.0)
+    assert not read.interrupt(KubernetesConnectionError("no read waits"))
+    waiting = asyncio.ensure_future(read.readany())
+    await settle()
+    assert read.waiting
+    assert read.reads == 1
+    assert read.interrupt(KubernetesConnectionError("silent", idle=True))
+    with pytest.raises(KubernetesConnectionError, match="silent"):
+        await waiting
+    assert not read.waiting
+
+
+async def test_bytes_arriving_in_the_turn_of_the_interrupt_are_returned() -> None:
+    """As ``asyncio.timeout``'s expiry: the task is cancelled on the loop's next turn, after the
+    read woken in this one has returned."""
+    content = _Waiting()
+    read = InterruptibleRead(content, now=lambda: 0.0)
+    waiting = asyncio.ensure_future(read.readany())
+    await settle()
+    content.arrived.set_result(b"frame\n")
+    read.interrupt(KubernetesConnectionError("too late"))
+    assert await waiting == b"frame\n"
+    await settle()
+    assert not waiting.cancelled()
+
+
+async def test_a_cancellation_asked_by_another_stays_a_cancellation() -> None:
+    content = _Waiting()
+    read = InterruptibleRead(content, now=lambda: 0.0)
+    waiting = asyncio.ensure_future(read.readany())
+    await settle()
+    read.interrupt(KubernetesConnectionError("idle"))
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
