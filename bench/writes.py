@@ -16,8 +16,9 @@ no two writes conflict:
 - ``create-delete``: a create of a new name, then its delete (two writes).
 
 The contenders: ours, ``Client`` over the transport ``k8s_api.write_transport`` picks
-(``k8s_http.HttpTransport``, HTTP/1.1) with dicts in and out; ``ours-aiohttp`` (not run unless
-named in ``--contenders``), the same over ``KubernetesAsyncioTransport``;
+(``k8s_http.HttpTransport``: HTTP/1.1, a connection per write in flight) with dicts in and out;
+``ours-http2`` and ``ours-aiohttp`` (not run unless named in ``--contenders``), the same over
+``k8s_http2.Http2Transport`` (one HTTP/2 connection) and over ``KubernetesAsyncioTransport``;
 ``kubernetes_asyncio``'s ``CoreV1Api`` as its users call it (answers read into ``V1ConfigMap``);
 client-go's typed clientset (``tools/k8s/write-bench``, QPS -1 as controller-runtime sets it),
 skipped with one line when it cannot be built. Figures per contender: writes per second (the
@@ -46,7 +47,7 @@ from bench.apiserver_proc import cpu_seconds
 from bench.report import fmt, median
 
 OPERATIONS = ("patch", "apply", "create-delete")
-CONTENDERS = ("ours", "ours-aiohttp", "kubernetes_asyncio", "client-go")
+CONTENDERS = ("ours", "ours-http2", "ours-aiohttp", "kubernetes_asyncio", "client-go")
 DEFAULT_CONTENDERS = ("ours", "kubernetes_asyncio", "client-go")
 Write = Callable[[str, int], Awaitable[int]]
 Maker = Callable[[Any, str, str], AbstractAsyncContextManager[Write]]
@@ -82,6 +83,15 @@ async def ours_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]
     from miles.utils.workers.reconcile.k8s_api import write_transport
 
     async with write_transport(api) as transport:
+        yield ours_writing(transport, namespace, op)
+
+
+@contextlib.asynccontextmanager
+async def ours_http2_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]:
+    """Ours over ``k8s_http2.Http2Transport``: one HTTP/2 connection for every write in flight."""
+    from miles.utils.workers.reconcile.k8s_http2 import Http2Transport
+
+    async with Http2Transport.for_api_client(api) as transport:
         yield ours_writing(transport, namespace, op)
 
 
@@ -284,6 +294,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"client-go skipped: {why}", file=sys.stderr)
     makers: dict[str, Maker] = {
         "ours": ours_writes,
+        "ours-http2": ours_http2_writes,
         "ours-aiohttp": ours_aiohttp_writes,
         "kubernetes_asyncio": kubernetes_asyncio_writes,
     }

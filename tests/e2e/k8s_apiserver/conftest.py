@@ -22,9 +22,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.k8s_apiserver)
 
 
-@pytest.fixture(params=["http11", "aiohttp"])
+@pytest.fixture(params=["http2", "http11", "aiohttp"])
 def write_transport_name(request: pytest.FixtureRequest) -> str:
-    """Each write-client test runs through both transports (``harness.WRITE_TRANSPORTS``)."""
+    """Each write-client test runs through each transport (``harness.WRITE_TRANSPORTS``)."""
     return str(request.param)
 
 

@@ -7,8 +7,9 @@
 - `Cells`: a `ReconcileLoop` over a `KubernetesReflector` on a recording api, keyed by `CELL_LABEL`,
   recording every reconcile with the members it read and how much of the log had arrived.
 - `eventually`: a bounded wait on a polled condition that fails naming what it awaited.
-- `write_client`: the write client on an `ApiClient` through either transport
-  (`WRITE_TRANSPORTS`: the HTTP/1.1 one `k8s_api.write_transport` picks, or aiohttp's).
+- `write_client`: the write client on an `ApiClient` through a transport of `WRITE_TRANSPORTS`:
+  the HTTP/1.1 one `k8s_api.write_transport` picks, the HTTP/2 one (HTTP/1.1 behind
+  `HttpFaultProxy`, whose ALPN offers only `http/1.1`), or aiohttp's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from miles.utils.k8s_testenv.testing.pod_api_recorder import LogEntry, Recording
 from miles.utils.workers.reconcile.client import Client
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioTransport, write_transport
 from miles.utils.workers.reconcile.k8s_http import HttpTransport
+from miles.utils.workers.reconcile.k8s_http2 import Http2Transport
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_types import Pod
 from miles.utils.workers.reconcile.k8s_values import PodListPage
@@ -39,9 +41,9 @@ if TYPE_CHECKING:
     from miles.utils.k8s_testenv.control_plane import ApiServerName
     from miles.utils.workers.reconcile.metrics import MetricsTarget
 
-WRITE_TRANSPORTS = ("http11", "aiohttp")
-"""The write client's transports: ``k8s_http.HttpTransport`` (the default) and
-``KubernetesAsyncioTransport``."""
+WRITE_TRANSPORTS = ("http2", "http11", "aiohttp")
+"""The write client's transports: ``k8s_http2.Http2Transport``, ``k8s_http.HttpTransport`` (the
+default) and ``KubernetesAsyncioTransport``."""
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/selected"
 SELECTED = "yes"
@@ -356,6 +358,10 @@ async def write_client(api: Any, transport: str, *, field_manager: str) -> Async
         yield Client(
             transport=KubernetesAsyncioTransport(api_client=api), field_manager=field_manager
         )
+        return
+    if transport == "http2":
+        async with Http2Transport.for_api_client(api) as http2:
+            yield Client(transport=http2, field_manager=field_manager)
         return
     async with write_transport(api) as chosen:
         assert isinstance(chosen, HttpTransport)

@@ -1,10 +1,10 @@
 """Layer: real apiserver (cached), no kubelet. The write client (`client.Client` over each
-transport: `k8s_http.HttpTransport` and `KubernetesAsyncioTransport`) against a real
-kube-apiserver: create, get, replace guarded by resourceVersion, merge, JSON (guarded by a `test`)
-and strategic merge patches, server-side apply with its field-manager conflicts and `force`, the
-status subresource (of a pod and of a custom resource: patch, replace, apply; strategic merge
-refused for the latter before any request), and delete with preconditions, propagation policy
-and grace period; typed (a pydantic model) and dynamic (a dict).
+transport: `k8s_http2.Http2Transport`, `k8s_http.HttpTransport` and `KubernetesAsyncioTransport`)
+against a real kube-apiserver: create, get, replace guarded by resourceVersion, merge, JSON
+(guarded by a `test`) and strategic merge patches, server-side apply with its field-manager
+conflicts and `force`, the status subresource (of a pod and of a custom resource: patch, replace,
+apply; strategic merge refused for the latter before any request), and delete with preconditions,
+propagation policy and grace period; typed (a pydantic model) and dynamic (a dict).
 Each error is the runtime's own, told apart by its reason.
 """
 

@@ -643,33 +643,14 @@ class HttpTransport:
                     server_hostname=self._server_name,
                 )
         except TimeoutError:
-            raise self._connect_error(what, None) from None
+            raise connect_error(what, self._server, self._connect_timeout, None) from None
         except OSError as err:
-            raise self._connect_error(what, err) from None
+            raise connect_error(what, self._server, self._connect_timeout, err) from None
         finally:
             self._opening -= 1
             self._wake()
         self._busy.add(connection)
         return connection
-
-    def _connect_error(self, what: str, err: OSError | None) -> KubernetesConnectionError:
-        if err is None:
-            kind, reason = ConnectionFailure.TIMEOUT, f"not made within {self._connect_timeout:g} s"
-        elif isinstance(err, ssl.SSLCertVerificationError):
-            kind, reason = ConnectionFailure.TLS_VERIFICATION, tls_failure_reason(err)
-        elif isinstance(err, ssl.SSLError):
-            kind, reason = ConnectionFailure.TLS_HANDSHAKE, tls_failure_reason(err)
-        elif isinstance(err, ConnectionRefusedError):
-            kind, reason = ConnectionFailure.REFUSED, err.strerror or str(err)
-        else:
-            kind, reason = ConnectionFailure.UNREACHABLE, err.strerror or str(err)
-        state = "refused" if kind is ConnectionFailure.REFUSED else "failed"
-        return KubernetesConnectionError(
-            f"{what}: connection to {self._server} {state}: {reason}",
-            kind=kind,
-            server=self._server,
-            reason=reason,
-        )
 
     def _release(self, connection: _Connection, keep: bool) -> None:
         self._busy.discard(connection)
@@ -682,3 +663,27 @@ class HttpTransport:
 
     def _drop(self, connection: _Connection) -> None:
         self._release(connection, keep=False)
+
+
+def connect_error(
+    what: str, server: str, connect_timeout: float, err: OSError | None
+) -> KubernetesConnectionError:
+    """Why a connection to ``server`` for ``what`` was not made (``err`` None: not within
+    ``connect_timeout``), as ``KubernetesConnectionError`` with its kind."""
+    if err is None:
+        kind, reason = ConnectionFailure.TIMEOUT, f"not made within {connect_timeout:g} s"
+    elif isinstance(err, ssl.SSLCertVerificationError):
+        kind, reason = ConnectionFailure.TLS_VERIFICATION, tls_failure_reason(err)
+    elif isinstance(err, ssl.SSLError):
+        kind, reason = ConnectionFailure.TLS_HANDSHAKE, tls_failure_reason(err)
+    elif isinstance(err, ConnectionRefusedError):
+        kind, reason = ConnectionFailure.REFUSED, err.strerror or str(err)
+    else:
+        kind, reason = ConnectionFailure.UNREACHABLE, err.strerror or str(err)
+    state = "refused" if kind is ConnectionFailure.REFUSED else "failed"
+    return KubernetesConnectionError(
+        f"{what}: connection to {server} {state}: {reason}",
+        kind=kind,
+        server=server,
+        reason=reason,
+    )

@@ -53,6 +53,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     exception_rejects_cursor,
 )
 from miles.utils.workers.reconcile.k8s_http import HttpTransport
+from miles.utils.workers.reconcile.k8s_http2 import Http2Transport
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request, Transport
@@ -1302,8 +1303,9 @@ def _the_request_shape(client: Any) -> Transport:
         lambda client: KubernetesAsyncioTransport(api_client=client),
         _the_request_shape,
         HttpTransport.for_api_client,
+        Http2Transport.for_api_client,
     ],
-    ids=["aiohttp", "aiohttp-request-shape", "http11"],
+    ids=["aiohttp", "aiohttp-request-shape", "http11", "http2-to-an-http-server"],
 )
 async def test_the_write_transport_sends_the_rotated_token_after_a_401(
     tmp_path: Path, make: Callable[[Any], Transport]
@@ -1336,7 +1338,7 @@ async def test_the_write_transport_sends_the_rotated_token_after_a_401(
             statuses.append(response.status)
             if value == "1":
                 rotate(account / "token", "second")
-        if isinstance(transport, HttpTransport):
+        if isinstance(transport, HttpTransport | Http2Transport):
             await transport.aclose()
     assert statuses == [401, 200, 200]
     assert seen == ["Bearer first", "Bearer second", "Bearer second"]

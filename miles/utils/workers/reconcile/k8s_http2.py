@@ -1,0 +1,647 @@
+"""HTTP/2 to the apiserver: one TLS connection carries every write in flight, on the ``h2``
+library (the ``http2`` extra). Go: golang.org/x/net/http2 ``Transport``.
+
+``Http2Transport`` offers ``h2`` and ``http/1.1`` by ALPN; where the server picks ``h2`` all
+requests are streams of one connection (as client-go's), their frames made in one loop turn sent
+in one write; where it does not (a plain ``http`` server, a proxy that speaks only HTTP/1.1) every
+request goes through ``k8s_http.HttpTransport`` instead. It is opt-in, not what
+``k8s_api.write_transport`` picks: on one HTTP/2 connection the apiserver spends less CPU per
+write than on sixteen HTTP/1.1 ones, but ``h2``'s frames and HPACK in Python cost the client about
+as much more, so the writes per second are no higher (record row "``client/``: HTTP/2 to the
+apiserver"). It may pay where the apiserver's CPU, not the client's, is what runs short.
+
+The credentials, TLS context, deadlines and connection errors are ``HttpTransport``'s. A cut
+connection fails its streams with ``KubernetesConnectionError`` and nothing is sent again, except
+a stream the server did not process: one it refused (``RST_STREAM`` ``REFUSED_STREAM``) or one
+above the last stream id of its ``GOAWAY``, sent again on a new connection, as Go's
+``canRetryError``. A new stream waits while the server's ``MAX_CONCURRENT_STREAMS`` are open (Go's
+``StrictMaxConcurrentStreams``; the apiserver allows hundreds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+from hpack.table import HeaderTable
+
+from miles.utils.workers.reconcile.arguments import positive_finite
+from miles.utils.workers.reconcile.k8s_errors import ConnectionFailure, KubernetesConnectionError
+from miles.utils.workers.reconcile.k8s_http import (
+    CONNECT_TIMEOUT,
+    MAX_CONNECTIONS,
+    BearerCredentials,
+    Headers,
+    HttpTransport,
+    connect_error,
+    tls_context,
+)
+from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request
+
+RECEIVE_WINDOW = 16 << 20
+"""Bytes the server may send ahead, per stream and on the connection. Go: http2 ``Transport``'s
+``transportDefaultStreamFlow`` (4 MiB) and ``transportDefaultConnFlow`` (1 GiB); larger than the
+first so a LIST answer is not held back waiting for window updates."""
+SEND_AGAIN = 5
+"""Times a stream the server did not process is sent again (Go retries such a request six
+times)."""
+_CONFIG = h2.config.H2Configuration(
+    client_side=True,
+    header_encoding=None,
+    validate_outbound_headers=False,  # the headers are made here, lowercase and well-formed
+    normalize_outbound_headers=False,
+    # Checking every answer's fields byte by byte in Python was a sixth of the client's CPU per
+    # write (cProfile); HPACK has decoded them and the framing is checked all the same.
+    validate_inbound_headers=False,
+)
+_URLS_HELD = 4096
+
+
+_STATIC_FIELDS = {field: index for index, field in enumerate(HeaderTable.STATIC_TABLE, 1)}
+_STATIC_NAMES: dict[bytes, int] = {}
+for _index, (_name, _) in enumerate(HeaderTable.STATIC_TABLE, 1):
+    _STATIC_NAMES.setdefault(_name, _index)
+
+
+class StaticEncoder:
+    """HPACK that never indexes a field into the dynamic table: a field of the static table by
+    its index, any other as a literal (its name by index where the static table has it), no
+    Huffman coding. Its blocks depend on the fields alone, so each is made once (at most
+    ``_URLS_HELD`` held). Stands in for ``hpack.Encoder`` under ``h2``: that encoder's search of
+    its tables for every field of every request was a tenth of the client's CPU per write
+    (cProfile). Go's encoder indexes; the apiserver decodes either alike."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
+        self._resized = False
+
+    @property
+    def header_table_size(self) -> int:
+        return 0
+
+    @header_table_size.setter
+    def header_table_size(self, _: int) -> None:
+        self._resized = True  # the next block opens with a size update (to 0, always allowed)
+
+    def encode(self, headers: Sequence[tuple[bytes, bytes]], huffman: bool = True) -> bytes:
+        key = tuple(headers)
+        block = self._blocks.get(key)
+        if block is None:
+            if len(self._blocks) >= _URLS_HELD:
+                self._blocks.clear()
+            block = self._blocks[key] = b"".join(_field(name, value) for name, value in key)
+        if self._resized:
+            self._resized = False
+            return b"\x20" + block
+        return block
+
+
+def _field(name: bytes, value: bytes) -> bytes:
+    index = _STATIC_FIELDS.get((name, value))
+    if index is not None:
+        return _integer(index, 7, 0x80)
+    index = _STATIC_NAMES.get(name, 0)
+    head = _integer(index, 4, 0x00) if index else b"\x00" + _integer(len(name), 7, 0) + name
+    return head + _integer(len(value), 7, 0) + value
+
+
+def _integer(value: int, prefix_bits: int, flags: int) -> bytes:
+    """RFC 7541 5.1."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([flags | value])
+    out = [flags | limit]
+    value -= limit
+    while value >= 128:
+        out.append((value & 127) | 128)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class _Unprocessed(Exception):
+    """The server did not process the stream: it may be sent again."""
+
+
+@dataclass(eq=False)
+class _Stream:
+    answer: asyncio.Future[RawResponse]
+    expires: float | None
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    chunks: list[bytes] = field(default_factory=list)
+    window: asyncio.Future[None] | None = None
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/2 connection: its ``h2`` state, the streams in flight and the write of the
+    frames a loop turn made."""
+
+    def __init__(self) -> None:
+        self.h2 = h2.connection.H2Connection(config=_CONFIG)
+        self.h2.encoder = StaticEncoder()  # type: ignore[assignment]
+        self.streams: dict[int, _Stream] = {}
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.draining = False
+        self._flushing = False
+        self._slots: list[asyncio.Future[None]] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self.alpn != "h2":
+            return  # not a byte of HTTP/2 to a server that did not pick it; the opener closes it
+        self.h2.initiate_connection()
+        self.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW})
+        self.h2.increment_flow_control_window(RECEIVE_WINDOW)
+        transport.write(self.h2.data_to_send())
+
+    @property
+    def alpn(self) -> str | None:
+        assert self.transport is not None
+        ssl_object = self.transport.get_extra_info("ssl_object")
+        return None if ssl_object is None else ssl_object.selected_alpn_protocol()
+
+    def usable(self) -> bool:
+        return not (self.closed or self.draining)
+
+    def full(self) -> bool:
+        return len(self.streams) >= self.h2.remote_settings.max_concurrent_streams
+
+    async def slot(self) -> None:
+        """Until a stream more may open under the server's ``MAX_CONCURRENT_STREAMS``."""
+        while self.full():
+            waiter = asyncio.get_running_loop().create_future()
+            self._slots.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._slots:
+                    self._slots.remove(waiter)
+            if not self.usable():
+                raise _Unprocessed("the connection closed before the stream opened")
+
+    async def exchange(
+        self, headers: list[tuple[bytes, bytes]], body: bytes | None, expires: float | None
+    ) -> RawResponse:
+        try:
+            stream_id = self.h2.get_next_available_stream_id()
+        except h2.exceptions.NoAvailableStreamIDError:
+            self.draining = True  # stream ids run out after 2**30 requests: a new connection
+            raise _Unprocessed("no stream id left on the connection") from None
+        stream = _Stream(asyncio.get_running_loop().create_future(), expires)
+        self.streams[stream_id] = stream
+        try:
+            self.h2.send_headers(stream_id, headers, end_stream=not body)
+            if body:
+                await self._send_body(stream_id, stream, body)
+            self._flush_soon()
+            return await stream.answer
+        except BaseException:
+            self._abandon(stream_id)
+            raise
+
+    async def _send_body(self, stream_id: int, stream: _Stream, body: bytes) -> None:
+        view, sent = memoryview(body), 0
+        while sent < len(body):
+            room = min(
+                self.h2.local_flow_control_window(stream_id), self.h2.max_outbound_frame_size
+            )
+            if room <= 0:
+                self._flush_soon()
+                stream.window = asyncio.get_running_loop().create_future()
+                either: list[asyncio.Future[Any]] = [stream.answer, stream.window]
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if stream.answer.done():
+                    return  # the server answered (or reset) before taking the whole body
+                continue
+            piece = bytes(view[sent : sent + room])
+            sent += len(piece)
+            self.h2.send_data(stream_id, piece, end_stream=sent == len(body))
+
+    def _abandon(self, stream_id: int) -> None:
+        """A stream its caller no longer waits for (a deadline, a cancel): reset, if still open."""
+        stream = self.streams.pop(stream_id, None)
+        if stream is None or self.closed:
+            return
+        self._wake_one()
+        try:
+            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        except h2.exceptions.StreamClosedError:
+            return
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        data = self.h2.data_to_send()
+        if data and self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.h2.receive_data(data)
+        except h2.exceptions.ProtocolError as err:
+            self._fail_all(KubernetesConnectionError(f"HTTP/2 protocol error: {err}"))
+            self.close()
+            return
+        for event in events:
+            self._on(event)
+        self._flush_soon()
+
+    def _on(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.DataReceived):
+            self._on_data(event)
+        elif isinstance(event, h2.events.ResponseReceived):
+            self._on_headers(event)
+        elif isinstance(event, h2.events.StreamEnded):
+            self._end(event.stream_id)
+        elif isinstance(event, h2.events.StreamReset):
+            self._on_reset(event)
+        elif isinstance(event, h2.events.WindowUpdated):
+            self._on_window()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self._on_goaway(event)
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._wake_all()
+
+    def _on_data(self, event: h2.events.DataReceived) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is not None and event.data:
+            stream.chunks.append(event.data)
+        if event.flow_controlled_length:
+            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+
+    def _on_headers(self, event: h2.events.ResponseReceived) -> None:
+        stream = self.streams.get(event.stream_id)
+        if stream is None or event.headers is None:
+            return
+        fields = stream.headers
+        for raw_name, raw_value in event.headers:
+            name, value = bytes(raw_name).decode("latin-1"), bytes(raw_value).decode("latin-1")
+            if name == ":status":
+                stream.status = int(value)
+            elif not name.startswith(":"):
+                fields[name] = f"{fields[name]}, {value}" if name in fields else value
+
+    def _end(self, stream_id: int) -> None:
+        stream = self.streams.pop(stream_id, None)
+        if stream is None:
+            return
+        self._wake_one()
+        body = b"".join(stream.chunks)
+        answer = RawResponse(status=stream.status, body=body, headers=Headers(stream.headers))
+        _settle(stream.answer, answer)
+        if self.draining and not self.streams:
+            self.close()
+
+    def _on_reset(self, event: h2.events.StreamReset) -> None:
+        stream = self.streams.pop(event.stream_id, None)
+        if stream is None:
+            return
+        self._wake_one()
+        code = event.error_code
+        if code == h2.errors.ErrorCodes.REFUSED_STREAM:
+            _settle(stream.answer, _Unprocessed("the server refused the stream"))
+        else:
+            name = getattr(code, "name", code)
+            _settle(
+                stream.answer, KubernetesConnectionError(f"the server reset the stream ({name})")
+            )
+
+    def _on_window(self) -> None:
+        for stream in self.streams.values():
+            if stream.window is not None and not stream.window.done():
+                stream.window.set_result(None)
+
+    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
+        """GOAWAY: the streams above its last stream id were not processed; the rest finish."""
+        self.draining = True
+        last = event.last_stream_id or 0
+        for stream_id in [i for i in self.streams if i > last]:
+            _settle(self.streams.pop(stream_id).answer, _Unprocessed("above the server's GOAWAY"))
+        self._wake_all()
+        if not self.streams:
+            self.close()
+
+    def expire(self, now: float) -> list[float]:
+        """Fails the streams whose deadline passed with ``TimeoutError``; the later deadlines."""
+        later = []
+        for stream in list(self.streams.values()):
+            if stream.expires is None:
+                continue
+            if stream.expires <= now:
+                _settle(stream.answer, TimeoutError())
+            else:
+                later.append(stream.expires)
+        return later
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        reason = f"the connection was cut: {exc}" if exc else "the server closed the connection"
+        self._fail_all(KubernetesConnectionError(reason))
+
+    def _fail_all(self, error: Exception) -> None:
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():
+            _settle(stream.answer, error)
+        self._wake_all()
+
+    def _wake_one(self) -> None:
+        while self._slots:
+            waiter = self._slots.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        slots, self._slots = self._slots, []
+        for waiter in slots:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _settle(answer: asyncio.Future[RawResponse], outcome: RawResponse | Exception) -> None:
+    if answer.done():
+        return
+    if isinstance(outcome, Exception):
+        answer.set_exception(outcome)
+    else:
+        answer.set_result(outcome)
+
+
+class Http2Transport:
+    """The write client's ``Transport`` over one HTTP/2 connection to ``server`` (``https://...``;
+    an ``http`` server is spoken to over HTTP/1.1), falling back to ``HttpTransport`` where ALPN
+    does not pick ``h2``. Go: http2 ``Transport`` under ``http.Transport``.
+
+    ``tls``, ``tls_server_name``, ``credentials``, ``max_connections`` (of the HTTP/1.1 fallback)
+    and ``connect_timeout`` are ``HttpTransport``'s; ``tls`` gets the ALPN protocols ``h2`` and
+    ``http/1.1``. ``aclose`` (or ``async with``) closes every connection.
+    """
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        tls: ssl.SSLContext | None = None,
+        tls_server_name: str | None = None,
+        credentials: BearerCredentials | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ) -> None:
+        url = urlsplit(server)
+        secure = url.scheme == "https"
+        if secure:
+            tls = tls or ssl.create_default_context()
+            tls.set_alpn_protocols(["h2", "http/1.1"])
+        self._http1 = HttpTransport(
+            server=server,
+            tls=tls,
+            tls_server_name=tls_server_name,
+            credentials=credentials,
+            max_connections=max_connections,
+            connect_timeout=connect_timeout,
+        )
+        self._only_http1 = not secure
+        self._host, self._port = url.hostname or "", url.port or 443
+        self._server = f"{self._host}:{self._port}"
+        self._authority = url.netloc.encode()
+        self._prefix = url.path.rstrip("/")
+        self._tls, self._server_name = tls, tls_server_name or self._host
+        self._credentials = credentials
+        self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
+        self._connection: _Connection | None = None
+        self._draining: list[_Connection] = []
+        self._opening: asyncio.Task[_Connection | None] | None = None
+        self._targets: dict[tuple[str, str, tuple[tuple[str, str], ...]], list[Any]] = {}
+        self._fields: dict[str | None, tuple[dict[str, str], list[tuple[bytes, bytes]]]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._sweep_at: float | None = None
+
+    @classmethod
+    def for_api_client(
+        cls, api_client: Any, *, connect_timeout: float = CONNECT_TIMEOUT
+    ) -> Http2Transport:
+        """To the server of a ``kubernetes_asyncio`` ``ApiClient``, with its configuration's TLS,
+        token and pool size and its default headers (``HttpTransport.for_api_client``'s)."""
+        configuration = api_client.configuration
+        secure = urlsplit(configuration.host).scheme == "https"
+        return cls(
+            server=configuration.host,
+            tls=tls_context(configuration) if secure else None,
+            tls_server_name=configuration.tls_server_name,
+            credentials=BearerCredentials(api_client=api_client),
+            max_connections=configuration.connection_pool_maxsize or MAX_CONNECTIONS,
+            connect_timeout=connect_timeout,
+        )
+
+    @property
+    def protocol(self) -> str | None:
+        """``"h2"`` or ``"http/1.1"`` once a connection said which, else None."""
+        if self._only_http1:
+            return "http/1.1"
+        return "h2" if self._connection is not None else None
+
+    async def __aenter__(self) -> Http2Transport:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = self._sweep_at = None
+        if self._opening is not None:
+            self._opening.cancel()
+            await asyncio.gather(self._opening, return_exceptions=True)
+            self._opening = None
+        for connection in self._live():
+            connection.close()
+        self._connection, self._draining = None, []
+        await self._http1.aclose()
+
+    async def send(self, request: Request) -> RawResponse:
+        if self._only_http1:
+            return await self._http1.send(request)
+        what = f"{request.method} {request.path}"
+        deadline = request.deadline
+        expires = None if deadline is None else asyncio.get_running_loop().time() + deadline
+        try:
+            answer = await self._send(request, what, expires)
+        except TimeoutError:
+            raise KubernetesConnectionError(
+                f"{what} ended by its client deadline ({deadline:g} s)",
+                kind=ConnectionFailure.TIMEOUT,
+                server=self._server,
+            ) from None
+        if answer is None:
+            return await self._http1.send(request)
+        if answer.status == 401 and self._credentials is not None:
+            self._credentials.forget()
+        return answer
+
+    async def _send(self, request: Request, what: str, expires: float | None) -> RawResponse | None:
+        """The answer, or None where the server does not speak HTTP/2."""
+        fields = await self._headers(request)
+        for _ in range(SEND_AGAIN + 1):
+            connection = await self._usable(what, expires)
+            if connection is None:
+                return None
+            self._watch(expires)
+            try:
+                if connection.full():
+                    async with asyncio.timeout_at(expires):
+                        await connection.slot()
+                return await connection.exchange(fields, request.body, expires)
+            except _Unprocessed:
+                continue
+            except h2.exceptions.ProtocolError as err:
+                connection.close()
+                raise KubernetesConnectionError(
+                    f"{what} failed: HTTP/2 protocol error ({err})", server=self._server
+                ) from None
+            except KubernetesConnectionError as err:
+                raise KubernetesConnectionError(
+                    f"{what} cut short: {err}", server=self._server, reason=str(err)
+                ) from None
+        raise KubernetesConnectionError(
+            f"{what}: the server refused it {SEND_AGAIN + 1} times unprocessed",
+            server=self._server,
+        )
+
+    async def _headers(self, request: Request) -> list[tuple[bytes, bytes]]:
+        fields = list(self._target(request.method, request.path, request.query))
+        fields.extend(await self._credential_fields(request.content_type))
+        if request.body:
+            fields.append((b"content-length", b"%d" % len(request.body)))
+        return fields
+
+    def _target(
+        self, method: str, path: str, query: Sequence[tuple[str, str]]
+    ) -> list[tuple[bytes, bytes]]:
+        """The pseudo-header fields, made once per method, path and query (a write client writes
+        the same few objects again and again); at most ``_URLS_HELD`` are held."""
+        key = (method, path, tuple(query))
+        fields = self._targets.get(key)
+        if fields is None:
+            if len(self._targets) >= _URLS_HELD:
+                self._targets.clear()
+            target = self._prefix + path + (f"?{urlencode(key[2])}" if query else "")
+            fields = [
+                (b":method", method.encode()),
+                (b":scheme", b"https"),
+                (b":authority", self._authority),
+                (b":path", target.encode()),
+            ]
+            self._targets[key] = fields
+        return fields
+
+    async def _credential_fields(self, content_type: str | None) -> list[tuple[bytes, bytes]]:
+        """The credentials' header fields, lowercase (HTTP/2 wants them so), encoded again only
+        when the credentials' headers were made again."""
+        if self._credentials is None:
+            headers = {"Accept": "application/json"}
+            if content_type is not None:
+                headers["Content-Type"] = content_type
+        else:
+            headers = await self._credentials.headers(content_type)
+        held = self._fields.get(content_type)
+        if held is not None and held[0] is headers:
+            return held[1]
+        encoded = [(name.lower().encode(), value.encode()) for name, value in headers.items()]
+        self._fields[content_type] = (headers, encoded)
+        return encoded
+
+    async def _usable(self, what: str, expires: float | None) -> _Connection | None:
+        """The open HTTP/2 connection, or a new one (one opening shared by all who wait), or None
+        where the server picked HTTP/1.1."""
+        connection = self._connection
+        if connection is not None and connection.usable():
+            return connection
+        if connection is not None:
+            self._connection = None
+            if not connection.closed:
+                self._draining.append(connection)  # its streams finish; its deadlines are swept
+        if self._only_http1:
+            return None
+        opening = self._opening
+        if opening is None:
+            opening = self._opening = asyncio.ensure_future(self._open(what))
+            opening.add_done_callback(self._opened)
+        async with asyncio.timeout_at(expires):
+            return await asyncio.shield(opening)
+
+    def _opened(self, opening: asyncio.Task[_Connection | None]) -> None:
+        """The opening is over: the next request that needs a connection opens one anew; its
+        failure, if no request waits for it any more, is not left unread."""
+        if self._opening is opening:
+            self._opening = None
+        if not opening.cancelled():
+            opening.exception()
+
+    def _live(self) -> list[_Connection]:
+        self._draining = [c for c in self._draining if not c.closed]
+        current = [] if self._connection is None else [self._connection]
+        return current + self._draining
+
+    async def _open(self, what: str) -> _Connection | None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, connection = await loop.create_connection(
+                    _Connection,
+                    self._host,
+                    self._port,
+                    ssl=self._tls,
+                    server_hostname=self._server_name,
+                )
+        except TimeoutError:
+            raise connect_error(what, self._server, self._connect_timeout, None) from None
+        except OSError as err:
+            raise connect_error(what, self._server, self._connect_timeout, err) from None
+        if connection.alpn != "h2":
+            connection.close()
+            self._only_http1 = True
+            return None
+        self._connection = connection
+        return connection
+
+    def _watch(self, expires: float | None) -> None:
+        """One timer for the earliest deadline in flight, as ``HttpTransport`` keeps."""
+        if expires is None or (self._sweep_at is not None and self._sweep_at <= expires):
+            return
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        self._sweep_at = expires
+        self._sweeper = asyncio.get_running_loop().call_at(expires, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeper = self._sweep_at = None
+        now = asyncio.get_running_loop().time()
+        later = [expires for c in self._live() for expires in c.expire(now)]
+        if later:
+            self._watch(min(later))
