@@ -33,6 +33,8 @@ KIND = "enginepools"
 SERVED_POOL_EXTRA = 1200
 """Bytes the apiserver adds to a pool as created here: its managedFields (about 1,080), uid,
 resourceVersion, creationTimestamp and generation (measured)."""
+LIST_ATTEMPTS = 30
+"""Tries of the pools' LIST while a CRD just established answers 429."""
 POOLS = Resource.custom(
     group="miles.io", version="v1alpha1", plural="enginepools", kind="EnginePool"
 )
@@ -153,15 +155,20 @@ async def list_pools(api: Any, namespace: str, selector: str) -> list[dict[str, 
     from kubernetes_asyncio import client
 
     custom: Any = client.CustomObjectsApi(api)
-    resp = await custom.list_namespaced_custom_object(
-        POOLS.group,
-        POOLS.version,
-        namespace,
-        POOLS.plural,
-        label_selector=selector,
-        _preload_content=False,
-    )
-    body = await read_body(resp)
+    # A CRD just established answers 429 "storage is (re)initializing" for a few seconds.
+    for _ in range(LIST_ATTEMPTS):
+        resp = await custom.list_namespaced_custom_object(
+            POOLS.group,
+            POOLS.version,
+            namespace,
+            POOLS.plural,
+            label_selector=selector,
+            _preload_content=False,
+        )
+        body = await read_body(resp)
+        if resp.status != 429:
+            break
+        await asyncio.sleep(float(resp.headers.get("Retry-After", "1")))
     if resp.status != 200:
         raise RuntimeError(f"list engine pools in {namespace}: HTTP {resp.status}: {body[:300]!r}")
     items: list[dict[str, Any]] = json.loads(body)["items"]
