@@ -16,9 +16,10 @@ no two writes conflict:
 - ``create-delete``: a create of a new name, then its delete (two writes).
 
 The contenders: ours, ``Client`` over the transport ``k8s_api.write_transport`` picks
-(``k8s_http.HttpTransport``: HTTP/1.1, a connection per write in flight) with dicts in and out;
-``ours-http2`` and ``ours-aiohttp`` (not run unless named in ``--contenders``), the same over
-``k8s_http2.Http2Transport`` (one HTTP/2 connection) and over ``KubernetesAsyncioTransport``;
+(``k8s_http2.Http2Transport``: one HTTP/2 connection) with dicts in and out; ``ours-http1`` and
+``ours-aiohttp`` (not run unless named in ``--contenders``), the same over
+``k8s_http.HttpTransport`` (HTTP/1.1, a connection per write in flight) and over
+``KubernetesAsyncioTransport``;
 ``kubernetes_asyncio``'s ``CoreV1Api`` as its users call it (answers read into ``V1ConfigMap``);
 client-go's typed clientset (``tools/k8s/write-bench``, QPS -1 as controller-runtime sets it),
 skipped with one line when it cannot be built. Figures per contender: writes per second (the
@@ -47,7 +48,7 @@ from bench.apiserver_proc import cpu_seconds
 from bench.report import fmt, median
 
 OPERATIONS = ("patch", "apply", "create-delete")
-CONTENDERS = ("ours", "ours-http2", "ours-aiohttp", "kubernetes_asyncio", "client-go")
+CONTENDERS = ("ours", "ours-http1", "ours-aiohttp", "kubernetes_asyncio", "client-go")
 DEFAULT_CONTENDERS = ("ours", "kubernetes_asyncio", "client-go")
 Write = Callable[[str, int], Awaitable[int]]
 Maker = Callable[[Any, str, str], AbstractAsyncContextManager[Write]]
@@ -79,7 +80,7 @@ class Window:
 @contextlib.asynccontextmanager
 async def ours_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]:
     """Ours as a process gets it: ``Client`` over the transport ``k8s_api.write_transport`` picks
-    (``k8s_http.HttpTransport`` without a proxy)."""
+    (``k8s_http2.Http2Transport`` without a proxy)."""
     from miles.utils.workers.reconcile.k8s_api import write_transport
 
     async with write_transport(api) as transport:
@@ -87,11 +88,11 @@ async def ours_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]
 
 
 @contextlib.asynccontextmanager
-async def ours_http2_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]:
-    """Ours over ``k8s_http2.Http2Transport``: one HTTP/2 connection for every write in flight."""
-    from miles.utils.workers.reconcile.k8s_http2 import Http2Transport
+async def ours_http1_writes(api: Any, namespace: str, op: str) -> AsyncIterator[Write]:
+    """Ours over ``k8s_http.HttpTransport``: HTTP/1.1, one connection per write in flight."""
+    from miles.utils.workers.reconcile.k8s_http import HttpTransport
 
-    async with Http2Transport.for_api_client(api) as transport:
+    async with HttpTransport.for_api_client(api) as transport:
         yield ours_writing(transport, namespace, op)
 
 
@@ -294,7 +295,7 @@ async def run(args: argparse.Namespace) -> int:
         print(f"client-go skipped: {why}", file=sys.stderr)
     makers: dict[str, Maker] = {
         "ours": ours_writes,
-        "ours-http2": ours_http2_writes,
+        "ours-http1": ours_http1_writes,
         "ours-aiohttp": ours_aiohttp_writes,
         "kubernetes_asyncio": kubernetes_asyncio_writes,
     }

@@ -8,8 +8,8 @@
   recording every reconcile with the members it read and how much of the log had arrived.
 - `eventually`: a bounded wait on a polled condition that fails naming what it awaited.
 - `write_client`: the write client on an `ApiClient` through a transport of `WRITE_TRANSPORTS`:
-  the HTTP/1.1 one `k8s_api.write_transport` picks, the HTTP/2 one (HTTP/1.1 behind
-  `HttpFaultProxy`, whose ALPN offers only `http/1.1`), or aiohttp's.
+  the HTTP/2 one `k8s_api.write_transport` picks (HTTP/1.1 behind `HttpFaultProxy`, whose ALPN
+  offers only `http/1.1`), the HTTP/1.1 one, or aiohttp's.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from miles.utils.workers.reconcile.metrics import MetricsTarget
 
 WRITE_TRANSPORTS = ("http2", "http11", "aiohttp")
-"""The write client's transports: ``k8s_http2.Http2Transport``, ``k8s_http.HttpTransport`` (the
-default) and ``KubernetesAsyncioTransport``."""
+"""The write client's transports: ``k8s_http2.Http2Transport`` (the default),
+``k8s_http.HttpTransport`` and ``KubernetesAsyncioTransport``."""
 CELL_LABEL = "miles.test/cell"
 SELECTED_LABEL = "miles.test/selected"
 SELECTED = "yes"
@@ -359,12 +359,12 @@ async def write_client(api: Any, transport: str, *, field_manager: str) -> Async
             transport=KubernetesAsyncioTransport(api_client=api), field_manager=field_manager
         )
         return
-    if transport == "http2":
-        async with Http2Transport.for_api_client(api) as http2:
-            yield Client(transport=http2, field_manager=field_manager)
+    if transport == "http11":
+        async with HttpTransport.for_api_client(api) as http11:
+            yield Client(transport=http11, field_manager=field_manager)
         return
     async with write_transport(api) as chosen:
-        assert isinstance(chosen, HttpTransport)
+        assert isinstance(chosen, Http2Transport)
         yield Client(transport=chosen, field_manager=field_manager)
 
 

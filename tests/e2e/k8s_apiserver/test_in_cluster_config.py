@@ -7,7 +7,7 @@ KUBERNETES_SERVICE_HOST/_PORT keeps working when its token file is swapped for a
 token and the old one is revoked (its bound Secret deleted), across an apiserver restart that
 forces every request to authenticate again: the token file is re-read as client-go re-reads it
 (after 50 s, and before the next request once one was refused 401). The session's write
-transport (`k8s_http.HttpTransport`) then patches a pod with the CA and the rotated token.
+transport (`k8s_http2.Http2Transport`, HTTP/2) then patches a pod with the CA and the rotated token.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from miles.utils.workers.reconcile.client import Client, MergePatch
 from miles.utils.workers.reconcile.k8s_api import KubernetesAsyncioPodApi, kube_session
 from miles.utils.workers.reconcile.k8s_config import KubeTarget
 from miles.utils.workers.reconcile.k8s_errors import KubernetesApiError
-from miles.utils.workers.reconcile.k8s_http import HttpTransport
+from miles.utils.workers.reconcile.k8s_http2 import Http2Transport
 from miles.utils.workers.reconcile.k8s_reflector import KubernetesReflector
 from miles.utils.workers.reconcile.loop import ReconcileLoop
 from miles.utils.workers.reconcile.resource import PODS
@@ -156,9 +156,9 @@ async def test_a_loop_keeps_working_when_its_token_is_rotated_and_the_old_one_re
 
 
 async def _patch_through_the_write_transport(session: Any, namespace: str) -> None:
-    """The session's write transport (HTTP/1.1) writes with the service account's CA and its
+    """The session's write transport (HTTP/2) writes with the service account's CA and its
     rotated token: at most one 401 (the old token, held until a 401 makes the file read again)."""
-    assert isinstance(session.write_transport, HttpTransport)
+    assert isinstance(session.write_transport, Http2Transport)
     writes = Client(transport=session.write_transport, field_manager="in-cluster")
     label = MergePatch({"metadata": {"labels": {"written": "yes"}}})
     refusals: list[int] = []

@@ -66,7 +66,7 @@ from miles.utils.workers.reconcile.k8s_errors import (
     parse_retry_after,
 )
 from miles.utils.workers.reconcile.k8s_framing import ByteStream, iter_line_batches
-from miles.utils.workers.reconcile.k8s_http import BearerCredentials, HttpTransport
+from miles.utils.workers.reconcile.k8s_http import BearerCredentials
 from miles.utils.workers.reconcile.k8s_interfaces import KubernetesPodApi, UndecodedPodPage
 from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request, Transport
 from miles.utils.workers.reconcile.k8s_values import (
@@ -1180,21 +1180,23 @@ async def write_transport(
     api_client: Any, *, connect_timeout: float = 10.0
 ) -> AsyncIterator[Transport]:
     """The write client's transport to the server of ``api_client`` (a ``kubernetes_asyncio``
-    ``ApiClient``), its connections closed on exit: ``k8s_http.HttpTransport`` (record row
-    "``client/``: the write client's transport"), or ``KubernetesAsyncioTransport`` where a proxy
-    applies (the configuration's, or the environment's for that server), which ``HttpTransport``
-    does not speak; one INFO line says so."""
+    ``ApiClient``), its connections closed on exit: ``k8s_http2.Http2Transport`` (HTTP/2 where
+    ALPN agrees, else ``k8s_http.HttpTransport``; record row "``client/``: HTTP/2 to the
+    apiserver"), or ``KubernetesAsyncioTransport`` where a proxy applies (the configuration's, or
+    the environment's for that server), which neither speaks; one INFO line says so."""
     proxy = _proxy_for(api_client)
     if proxy is not None:
         logger.info(
-            "writes to %s go through aiohttp's transport: %s applies to it, and the HTTP/1.1 "
-            "transport speaks to no proxy",
+            "writes to %s go through aiohttp's transport: %s applies to it, and the HTTP/2 and "
+            "HTTP/1.1 transports speak to no proxy",
             api_client.configuration.host,
             proxy,
         )
         yield KubernetesAsyncioTransport(api_client=api_client, connect_timeout=connect_timeout)
         return
-    fast = HttpTransport.for_api_client(api_client, connect_timeout=connect_timeout)
+    from miles.utils.workers.reconcile.k8s_http2 import Http2Transport
+
+    fast = Http2Transport.for_api_client(api_client, connect_timeout=connect_timeout)
     async with fast:
         yield fast
 

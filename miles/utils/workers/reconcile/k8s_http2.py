@@ -1,37 +1,34 @@
-"""HTTP/2 to the apiserver: one TLS connection carries every write in flight, on the ``h2``
-library (the ``http2`` extra). Go: golang.org/x/net/http2 ``Transport``.
+"""HTTP/2 to the apiserver: one TLS connection carries every write in flight, framed here, the
+answers' header blocks decoded by ``hpack``. Go: golang.org/x/net/http2 ``Transport``.
 
 ``Http2Transport`` offers ``h2`` and ``http/1.1`` by ALPN; where the server picks ``h2`` all
-requests are streams of one connection (as client-go's), their frames made in one loop turn sent
-in one write; where it does not (a plain ``http`` server, a proxy that speaks only HTTP/1.1) every
-request goes through ``k8s_http.HttpTransport`` instead. It is opt-in, not what
-``k8s_api.write_transport`` picks: on one HTTP/2 connection the apiserver spends less CPU per
-write than on sixteen HTTP/1.1 ones, but ``h2``'s frames and HPACK in Python cost the client about
-as much more, so the writes per second are no higher (record row "``client/``: HTTP/2 to the
-apiserver"). It may pay where the apiserver's CPU, not the client's, is what runs short.
+requests are streams of one connection (as client-go's), the frames a loop turn made sent in one
+write; where it does not (a plain ``http`` server, a proxy that speaks only HTTP/1.1) every
+request goes through ``k8s_http.HttpTransport`` instead. On one connection the apiserver spends
+less CPU per write than on sixteen HTTP/1.1 ones; the frames are made and read here rather than
+by the ``h2`` library, whose state machine cost the client more than that saving (record row
+"``client/``: HTTP/2 to the apiserver").
 
 The credentials, TLS context, deadlines and connection errors are ``HttpTransport``'s. A cut
 connection fails its streams with ``KubernetesConnectionError`` and nothing is sent again, except
 a stream the server did not process: one it refused (``RST_STREAM`` ``REFUSED_STREAM``) or one
 above the last stream id of its ``GOAWAY``, sent again on a new connection, as Go's
 ``canRetryError``. A new stream waits while the server's ``MAX_CONCURRENT_STREAMS`` are open (Go's
-``StrictMaxConcurrentStreams``; the apiserver allows hundreds).
+``StrictMaxConcurrentStreams``; the apiserver allows hundreds). Both directions keep HTTP/2's flow
+control; a server that breaks the protocol ends the connection and its streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
+import hpack
 from hpack.table import HeaderTable
 
 from miles.utils.workers.reconcile.arguments import positive_finite
@@ -54,15 +51,6 @@ first so a LIST answer is not held back waiting for window updates."""
 SEND_AGAIN = 5
 """Times a stream the server did not process is sent again (Go retries such a request six
 times)."""
-_CONFIG = h2.config.H2Configuration(
-    client_side=True,
-    header_encoding=None,
-    validate_outbound_headers=False,  # the headers are made here, lowercase and well-formed
-    normalize_outbound_headers=False,
-    # Checking every answer's fields byte by byte in Python was a sixth of the client's CPU per
-    # write (cProfile); HPACK has decoded them and the framing is checked all the same.
-    validate_inbound_headers=False,
-)
 _URLS_HELD = 4096
 
 
@@ -76,9 +64,9 @@ class StaticEncoder:
     """HPACK that never indexes a field into the dynamic table: a field of the static table by
     its index, any other as a literal (its name by index where the static table has it), no
     Huffman coding. Its blocks depend on the fields alone, so each is made once (at most
-    ``_URLS_HELD`` held). Stands in for ``hpack.Encoder`` under ``h2``: that encoder's search of
-    its tables for every field of every request was a tenth of the client's CPU per write
-    (cProfile). Go's encoder indexes; the apiserver decodes either alike."""
+    ``_URLS_HELD`` held): ``hpack``'s encoder searched its tables for every field of every
+    request, a tenth of the client's CPU per write (cProfile). Go's encoder indexes; the
+    apiserver decodes either alike."""
 
     def __init__(self) -> None:
         self._blocks: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
@@ -128,6 +116,45 @@ def _integer(value: int, prefix_bits: int, flags: int) -> bytes:
     return bytes(out)
 
 
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_FRAME_HEAD = struct.Struct(">IBI")  # length (24 bits) and type, flags, stream id (RFC 9113 4.1)
+_DATA, _HEADERS, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWAY, _WINDOW_UPDATE = (
+    0,
+    1,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+)
+_CONTINUATION = 9
+_END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
+_MAX_FRAME = 16384
+"""The largest frame this side takes (the default ``SETTINGS_MAX_FRAME_SIZE``, never raised)."""
+_FIRST_WINDOW = 65535
+_MAX_STREAM_ID = (1 << 31) - 1
+_REFUSED_STREAM = 0x7
+_CANCEL = 0x8
+_ERROR_NAMES = (
+    "NO_ERROR", "PROTOCOL_ERROR", "INTERNAL_ERROR", "FLOW_CONTROL_ERROR", "SETTINGS_TIMEOUT",
+    "STREAM_CLOSED", "FRAME_SIZE_ERROR", "REFUSED_STREAM", "CANCEL", "COMPRESSION_ERROR",
+    "CONNECT_ERROR", "ENHANCE_YOUR_CALM", "INADEQUATE_SECURITY", "HTTP_1_1_REQUIRED",
+)  # fmt: skip
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return _FRAME_HEAD.pack((len(payload) << 8) | kind, flags, stream_id) + payload
+
+
+def _error_name(code: int) -> str:
+    return _ERROR_NAMES[code] if code < len(_ERROR_NAMES) else f"error {code:#x}"
+
+
+class _ProtocolError(Exception):
+    """The server broke HTTP/2: the connection is of no further use."""
+
+
 class _Unprocessed(Exception):
     """The server did not process the stream: it may be sent again."""
 
@@ -136,24 +163,36 @@ class _Unprocessed(Exception):
 class _Stream:
     answer: asyncio.Future[RawResponse]
     expires: float | None
+    send_window: int
     status: int = 0
     headers: dict[str, str] = field(default_factory=dict)
     chunks: list[bytes] = field(default_factory=list)
+    unacknowledged: int = 0
     window: asyncio.Future[None] | None = None
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/2 connection: its ``h2`` state, the streams in flight and the write of the
-    frames a loop turn made."""
+    """One HTTP/2 connection, framed here (RFC 9113; only answers' header blocks go through
+    ``hpack``): the streams in flight, both directions' flow control, and one write of the frames
+    a loop turn made."""
 
     def __init__(self) -> None:
-        self.h2 = h2.connection.H2Connection(config=_CONFIG)
-        self.h2.encoder = StaticEncoder()  # type: ignore[assignment]
         self.streams: dict[int, _Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.draining = False
+        self._encoder = StaticEncoder()
+        self._decoder = hpack.Decoder()
+        self._buffer = bytearray()
+        self._out: list[bytes] = []
         self._flushing = False
+        self._next_id = 1
+        self._max_streams = 100  # until the server's SETTINGS say (Go's client assumes 100)
+        self._max_frame = _MAX_FRAME
+        self._initial_window = _FIRST_WINDOW
+        self._send_window = _FIRST_WINDOW
+        self._unacknowledged = 0
+        self._block: tuple[int, int, bytearray] | None = None  # a header block's stream, flags
         self._slots: list[asyncio.Future[None]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -161,10 +200,11 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         if self.alpn != "h2":
             return  # not a byte of HTTP/2 to a server that did not pick it; the opener closes it
-        self.h2.initiate_connection()
-        self.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: RECEIVE_WINDOW})
-        self.h2.increment_flow_control_window(RECEIVE_WINDOW)
-        transport.write(self.h2.data_to_send())
+        settings = struct.pack(">HIHI", 0x2, 0, 0x4, RECEIVE_WINDOW)  # no push; the window
+        more = struct.pack(">I", RECEIVE_WINDOW - _FIRST_WINDOW)
+        transport.write(
+            _PREFACE + _frame(_SETTINGS, 0, 0, settings) + _frame(_WINDOW_UPDATE, 0, 0, more)
+        )
 
     @property
     def alpn(self) -> str | None:
@@ -176,7 +216,7 @@ class _Connection(asyncio.Protocol):
         return not (self.closed or self.draining)
 
     def full(self) -> bool:
-        return len(self.streams) >= self.h2.remote_settings.max_concurrent_streams
+        return len(self.streams) >= self._max_streams
 
     async def slot(self) -> None:
         """Until a stream more may open under the server's ``MAX_CONCURRENT_STREAMS``."""
@@ -192,31 +232,42 @@ class _Connection(asyncio.Protocol):
                 raise _Unprocessed("the connection closed before the stream opened")
 
     async def exchange(
-        self, headers: list[tuple[bytes, bytes]], body: bytes | None, expires: float | None
+        self, fields: list[tuple[bytes, bytes]], body: bytes | None, expires: float | None
     ) -> RawResponse:
-        try:
-            stream_id = self.h2.get_next_available_stream_id()
-        except h2.exceptions.NoAvailableStreamIDError:
+        stream_id = self._next_id
+        if stream_id > _MAX_STREAM_ID:
             self.draining = True  # stream ids run out after 2**30 requests: a new connection
-            raise _Unprocessed("no stream id left on the connection") from None
-        stream = _Stream(asyncio.get_running_loop().create_future(), expires)
+            raise _Unprocessed("no stream id left on the connection")
+        self._next_id += 2
+        answer: asyncio.Future[RawResponse] = asyncio.get_running_loop().create_future()
+        stream = _Stream(answer, expires, self._initial_window)
         self.streams[stream_id] = stream
         try:
-            self.h2.send_headers(stream_id, headers, end_stream=not body)
+            self._send_headers(stream_id, self._encoder.encode(fields), not body)
             if body:
                 await self._send_body(stream_id, stream, body)
             self._flush_soon()
-            return await stream.answer
+            return await answer
         except BaseException:
             self._abandon(stream_id)
             raise
 
+    def _send_headers(self, stream_id: int, block: bytes, end_stream: bool) -> None:
+        size = self._max_frame
+        flags = _END_STREAM if end_stream else 0
+        if len(block) <= size:
+            self._out.append(_frame(_HEADERS, flags | _END_HEADERS, stream_id, block))
+            return
+        pieces = [block[i : i + size] for i in range(0, len(block), size)]
+        self._out.append(_frame(_HEADERS, flags, stream_id, pieces[0]))
+        for piece in pieces[1:-1]:
+            self._out.append(_frame(_CONTINUATION, 0, stream_id, piece))
+        self._out.append(_frame(_CONTINUATION, _END_HEADERS, stream_id, pieces[-1]))
+
     async def _send_body(self, stream_id: int, stream: _Stream, body: bytes) -> None:
-        view, sent = memoryview(body), 0
+        sent = 0
         while sent < len(body):
-            room = min(
-                self.h2.local_flow_control_window(stream_id), self.h2.max_outbound_frame_size
-            )
+            room = min(self._send_window, stream.send_window, self._max_frame, len(body) - sent)
             if room <= 0:
                 self._flush_soon()
                 stream.window = asyncio.get_running_loop().create_future()
@@ -225,20 +276,19 @@ class _Connection(asyncio.Protocol):
                 if stream.answer.done():
                     return  # the server answered (or reset) before taking the whole body
                 continue
-            piece = bytes(view[sent : sent + room])
-            sent += len(piece)
-            self.h2.send_data(stream_id, piece, end_stream=sent == len(body))
+            piece = body[sent : sent + room]
+            sent += room
+            self._send_window -= room
+            stream.send_window -= room
+            flags = _END_STREAM if sent == len(body) else 0
+            self._out.append(_frame(_DATA, flags, stream_id, piece))
 
     def _abandon(self, stream_id: int) -> None:
         """A stream its caller no longer waits for (a deadline, a cancel): reset, if still open."""
-        stream = self.streams.pop(stream_id, None)
-        if stream is None or self.closed:
+        if self.streams.pop(stream_id, None) is None or self.closed:
             return
         self._wake_one()
-        try:
-            self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
-        except h2.exceptions.StreamClosedError:
-            return
+        self._out.append(_frame(_RST_STREAM, 0, stream_id, struct.pack(">I", _CANCEL)))
         self._flush_soon()
 
     def _flush_soon(self) -> None:
@@ -248,55 +298,149 @@ class _Connection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flushing = False
-        data = self.h2.data_to_send()
-        if data and self.transport is not None and not self.closed:
-            self.transport.write(data)
+        if self._out and self.transport is not None and not self.closed:
+            self.transport.write(b"".join(self._out))
+        self._out.clear()
 
     def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        at, end = 0, len(buffer)
         try:
-            events = self.h2.receive_data(data)
-        except h2.exceptions.ProtocolError as err:
+            while end - at >= 9:
+                head, flags, stream_id = _FRAME_HEAD.unpack_from(buffer, at)
+                length = head >> 8
+                if length > _MAX_FRAME:
+                    raise _ProtocolError(f"a frame of {length} bytes")
+                if end - at - 9 < length:
+                    break
+                payload = bytes(buffer[at + 9 : at + 9 + length])
+                at += 9 + length
+                self._on_frame(head & 0xFF, flags, stream_id & _MAX_STREAM_ID, payload)
+        except (_ProtocolError, hpack.HPACKError, struct.error, IndexError) as err:
             self._fail_all(KubernetesConnectionError(f"HTTP/2 protocol error: {err}"))
             self.close()
             return
-        for event in events:
-            self._on(event)
-        self._flush_soon()
+        del buffer[:at]
+        if self._unacknowledged > RECEIVE_WINDOW // 2:
+            increment = struct.pack(">I", self._unacknowledged)
+            self._out.append(_frame(_WINDOW_UPDATE, 0, 0, increment))
+            self._unacknowledged = 0
+        if self._out:
+            self._flush_soon()
 
-    def _on(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.DataReceived):
-            self._on_data(event)
-        elif isinstance(event, h2.events.ResponseReceived):
-            self._on_headers(event)
-        elif isinstance(event, h2.events.StreamEnded):
-            self._end(event.stream_id)
-        elif isinstance(event, h2.events.StreamReset):
-            self._on_reset(event)
-        elif isinstance(event, h2.events.WindowUpdated):
-            self._on_window()
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._on_goaway(event)
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
-            self._wake_all()
+    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._block is not None and kind != _CONTINUATION:
+            raise _ProtocolError("a header block broken off")
+        if kind == _DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind in (_HEADERS, _CONTINUATION):
+            self._on_header_block(kind, flags, stream_id, payload)
+        elif kind == _SETTINGS:
+            if not flags & _ACK:
+                self._on_settings(payload)
+        elif kind == _WINDOW_UPDATE:
+            self._on_window(stream_id, int.from_bytes(payload[:4]) & _MAX_STREAM_ID)
+        elif kind == _PING:
+            if not flags & _ACK:
+                self._out.append(_frame(_PING, _ACK, 0, payload))
+        elif kind == _RST_STREAM:
+            self._on_reset(stream_id, int.from_bytes(payload[:4]))
+        elif kind == _GOAWAY:
+            self._on_goaway(int.from_bytes(payload[:4]) & _MAX_STREAM_ID)
+        elif kind == _PUSH_PROMISE:
+            raise _ProtocolError("a push promise, with push disabled")
 
-    def _on_data(self, event: h2.events.DataReceived) -> None:
-        stream = self.streams.get(event.stream_id)
-        if stream is not None and event.data:
-            stream.chunks.append(event.data)
-        if event.flow_controlled_length:
-            self.h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-
-    def _on_headers(self, event: h2.events.ResponseReceived) -> None:
-        stream = self.streams.get(event.stream_id)
-        if stream is None or event.headers is None:
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self._unacknowledged += len(payload)
+        stream = self.streams.get(stream_id)
+        if flags & _PADDED:
+            payload = payload[1 : len(payload) - payload[0]]
+        if stream is None:
             return
-        fields = stream.headers
-        for raw_name, raw_value in event.headers:
-            name, value = bytes(raw_name).decode("latin-1"), bytes(raw_value).decode("latin-1")
+        if payload:
+            stream.chunks.append(payload)
+        if flags & _END_STREAM:
+            self._end(stream_id)
+            return
+        stream.unacknowledged += len(payload)
+        if stream.unacknowledged > RECEIVE_WINDOW // 2:  # a long answer: its window again
+            increment = struct.pack(">I", stream.unacknowledged)
+            self._out.append(_frame(_WINDOW_UPDATE, 0, stream_id, increment))
+            stream.unacknowledged = 0
+
+    def _on_header_block(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        """HEADERS and its CONTINUATIONs, decoded whole (every block, for the decoder's table)."""
+        if kind == _HEADERS:
+            if flags & _PADDED:
+                payload = payload[1 : len(payload) - payload[0]]
+            if flags & _PRIORITY:
+                payload = payload[5:]
+            if not flags & _END_HEADERS:
+                self._block = (stream_id, flags, bytearray(payload))
+                return
+        else:
+            if self._block is None or self._block[0] != stream_id:
+                raise _ProtocolError("a CONTINUATION without its HEADERS")
+            self._block[2].extend(payload)
+            if not flags & _END_HEADERS:
+                return
+            stream_id, flags, block = self._block
+            self._block, payload = None, bytes(block)
+        fields = self._decoder.decode(payload, raw=True)
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            self._on_headers(stream, fields)
+        if flags & _END_STREAM:
+            self._end(stream_id)
+
+    @staticmethod
+    def _on_headers(stream: _Stream, fields: Iterable[tuple[bytes | str, bytes | str]]) -> None:
+        if stream.status >= 200:
+            return  # trailers
+        own = stream.headers
+        for raw_name, raw_value in fields:
+            name, value = _text(raw_name), _text(raw_value)
             if name == ":status":
                 stream.status = int(value)
+                if stream.status < 200:
+                    return  # an interim answer: the final one follows
             elif not name.startswith(":"):
-                fields[name] = f"{fields[name]}, {value}" if name in fields else value
+                own[name] = f"{own[name]}, {value}" if name in own else value
+
+    def _on_settings(self, payload: bytes) -> None:
+        for at in range(0, len(payload) - 5, 6):
+            key, value = struct.unpack_from(">HI", payload, at)
+            if key == 0x1:
+                self._encoder.header_table_size = value
+            elif key == 0x3:
+                self._max_streams = value
+            elif key == 0x4:
+                if value > _MAX_STREAM_ID:
+                    raise _ProtocolError(f"an initial window of {value}")
+                delta, self._initial_window = value - self._initial_window, value
+                for stream in self.streams.values():
+                    stream.send_window += delta
+            elif key == 0x5:
+                self._max_frame = value
+        self._out.append(_frame(_SETTINGS, _ACK, 0))
+        self._wake_all()
+        self._wake_senders()
+
+    def _on_window(self, stream_id: int, increment: int) -> None:
+        if stream_id == 0:
+            self._send_window += increment
+        else:
+            stream = self.streams.get(stream_id)
+            if stream is None:
+                return
+            stream.send_window += increment
+        self._wake_senders()
+
+    def _wake_senders(self) -> None:
+        for stream in self.streams.values():
+            if stream.window is not None and not stream.window.done():
+                stream.window.set_result(None)
 
     def _end(self, stream_id: int) -> None:
         stream = self.streams.pop(stream_id, None)
@@ -309,29 +453,20 @@ class _Connection(asyncio.Protocol):
         if self.draining and not self.streams:
             self.close()
 
-    def _on_reset(self, event: h2.events.StreamReset) -> None:
-        stream = self.streams.pop(event.stream_id, None)
+    def _on_reset(self, stream_id: int, code: int) -> None:
+        stream = self.streams.pop(stream_id, None)
         if stream is None:
             return
         self._wake_one()
-        code = event.error_code
-        if code == h2.errors.ErrorCodes.REFUSED_STREAM:
+        if code == _REFUSED_STREAM:
             _settle(stream.answer, _Unprocessed("the server refused the stream"))
         else:
-            name = getattr(code, "name", code)
-            _settle(
-                stream.answer, KubernetesConnectionError(f"the server reset the stream ({name})")
-            )
+            error = KubernetesConnectionError(f"the server reset the stream ({_error_name(code)})")
+            _settle(stream.answer, error)
 
-    def _on_window(self) -> None:
-        for stream in self.streams.values():
-            if stream.window is not None and not stream.window.done():
-                stream.window.set_result(None)
-
-    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
+    def _on_goaway(self, last: int) -> None:
         """GOAWAY: the streams above its last stream id were not processed; the rest finish."""
         self.draining = True
-        last = event.last_stream_id or 0
         for stream_id in [i for i in self.streams if i > last]:
             _settle(self.streams.pop(stream_id).answer, _Unprocessed("above the server's GOAWAY"))
         self._wake_all()
@@ -381,6 +516,10 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode("latin-1") if isinstance(raw, bytes) else raw
 
 
 def _settle(answer: asyncio.Future[RawResponse], outcome: RawResponse | Exception) -> None:
@@ -519,11 +658,6 @@ class Http2Transport:
                 return await connection.exchange(fields, request.body, expires)
             except _Unprocessed:
                 continue
-            except h2.exceptions.ProtocolError as err:
-                connection.close()
-                raise KubernetesConnectionError(
-                    f"{what} failed: HTTP/2 protocol error ({err})", server=self._server
-                ) from None
             except KubernetesConnectionError as err:
                 raise KubernetesConnectionError(
                     f"{what} cut short: {err}", server=self._server, reason=str(err)

@@ -2,9 +2,9 @@
 sends its requests through. Go: client-go ``rest.HTTPClient`` (the ``http.Client`` under a
 ``RESTClient``).
 
-``k8s_http.HttpTransport`` is the real one (``k8s_api.write_transport`` opens it, or
-``k8s_api.KubernetesAsyncioTransport`` where a proxy applies; ``k8s_http2.Http2Transport``, HTTP/2,
-is there to choose); fast tests give the client a fake.
+``k8s_http2.Http2Transport`` is the real one (HTTP/2, or ``k8s_http.HttpTransport`` where ALPN
+does not pick it; ``k8s_api.write_transport`` opens it, or ``k8s_api.KubernetesAsyncioTransport``
+where a proxy applies); fast tests give the client a fake.
 Importing this module imports no transport.
 A transport raises ``KubernetesConnectionError`` for a failure below HTTP and returns every HTTP
 answer, whatever its status.

@@ -1348,25 +1348,26 @@ async def test_the_write_transport_sends_the_rotated_token_after_a_401(
 @pytest.mark.parametrize(
     ("proxy", "environ", "picked"),
     [
-        (None, {}, HttpTransport),
+        (None, {}, Http2Transport),
         ("http://proxy.invalid:3128", {}, KubernetesAsyncioTransport),
         (None, {"HTTPS_PROXY": "http://proxy.invalid:3128"}, KubernetesAsyncioTransport),
         (
             None,
             {"HTTPS_PROXY": "http://proxy.invalid:3128", "NO_PROXY": "127.0.0.1"},
-            HttpTransport,
+            Http2Transport,
         ),
     ],
 )
-async def test_write_transport_is_the_http11_one_unless_a_proxy_applies(
+async def test_write_transport_is_the_http2_one_unless_a_proxy_applies(
     proxy: str | None,
     environ: dict[str, str],
     picked: type,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The HTTP/1.1 transport speaks to no proxy: where the configuration or the environment
-    names one for the server, the write client goes through aiohttp's, and one line says so."""
+    """The HTTP/2 transport (and its HTTP/1.1 fallback) speaks to no proxy: where the
+    configuration or the environment names one for the server, the write client goes through
+    aiohttp's, and one line says so."""
     for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
     for name, value in environ.items():

@@ -2,7 +2,8 @@
 servers speaking HTTP/2 through the ``h2`` library: requests as streams of one connection, the
 fallback to HTTP/1.1 where ALPN does not pick ``h2``, a refused stream and a stream above GOAWAY's
 last id sent again, a cut connection and a reset stream never sent again, the deadline (the
-stream reset), a body larger than the server's flow-control window, a 401, and the header
+stream reset), a body larger than the server's flow-control window, a 401, an answer's header
+block in CONTINUATION frames, a PING answered, a server breaking the protocol, and the header
 encoder read back by ``hpack``."""
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Peer:
     h2: h2.connection.H2Connection
     writer: asyncio.StreamWriter
     resets: list[int] = field(default_factory=list)
+    pings: list[bytes] = field(default_factory=list)
 
     def answer(self, stream_id: int, status: int = 200, body: bytes = b"{}") -> None:
         fields = [(":status", str(status)), ("content-type", "application/json")]
@@ -94,6 +96,8 @@ async def serving(
                         )
                     elif isinstance(event, h2.events.StreamReset):
                         peer.resets.append(event.stream_id)
+                    elif isinstance(event, h2.events.PingAckReceived):
+                        peer.pings.append(bytes(event.ping_data or b""))
                     elif isinstance(event, h2.events.StreamEnded):
                         head = heads.pop(event.stream_id)
                         request = Received(
@@ -349,3 +353,39 @@ def test_the_static_encoder_is_read_back_by_hpack() -> None:
     for block in (first, second):
         assert decoder.decode(block, raw=True) == fields
     assert len(decoder.header_table.dynamic_entries) == 0
+
+
+async def test_an_answer_in_continuations_and_a_ping_are_read(pair: ServingPair) -> None:
+    """The server's header block past one frame comes in CONTINUATION frames; its PING is
+    answered."""
+    acks: list[bytes] = []
+
+    async def long_header_and_ping(peer: Peer, request: Received) -> None:
+        peer.h2.ping(b"12345678")
+        fields = [(":status", "200"), ("x-long", "v" * 40_000)]
+        peer.h2.send_headers(request.stream_id, fields)
+        peer.h2.send_data(request.stream_id, b"{}", end_stream=True)
+
+    async with (
+        serving(server_tls(pair), long_header_and_ping) as (url, _, peers),
+        client(url, pair.ca_cert) as transport,
+    ):
+        answer = await transport.send(patch("/a"))
+        await transport.send(patch("/b"))
+        acks.extend(peers[0].pings)
+    assert answer.status == 200
+    assert answer.headers["x-long"] == "v" * 40_000
+    assert acks[:1] == [b"12345678"]
+
+
+async def test_a_server_breaking_the_protocol_fails_the_streams(pair: ServingPair) -> None:
+    async def garbage(peer: Peer, request: Received) -> None:
+        peer.writer.write(b"\x00\xff\xff\x00\x00\x00\x00\x00\x01" + b"x" * 64)
+
+    async with (
+        serving(server_tls(pair), garbage) as (url, _, _),
+        client(url, pair.ca_cert) as transport,
+    ):
+        with pytest.raises(KubernetesConnectionError, match="protocol error") as broken:
+            await transport.send(patch("/a"))
+    assert broken.value.kind is ConnectionFailure.BROKEN
