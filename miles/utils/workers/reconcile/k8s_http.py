@@ -9,6 +9,11 @@ headers of that configuration (``BearerCredentials``, shared with
 (record row "``client/``: the write client's transport"). It speaks to no proxy:
 ``k8s_api.write_transport`` picks aiohttp's transport where one applies.
 
+What ``k8s_http2.Http2Transport`` shares with it is here, written once: ``Endpoint`` (the server,
+its TLS and the connect timeout; a connection made or ``connect_error``), ``DeadlineTimer`` (one
+timer for the earliest deadline in flight), ``request_headers`` and ``ServerTransport``
+(``for_api_client``, ``async with``).
+
 A failure below HTTP raises ``KubernetesConnectionError``; every HTTP answer is returned whole.
 A request written on a reused connection that the server closed before answering (the keep-alive
 race) is sent again on a fresh connection only when its method is idempotent, as Go's
@@ -17,13 +22,14 @@ race) is sent again on a fresh connection only when its method is idempotent, as
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import re
 import ssl
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Required, Self, TypedDict, TypeVar, Unpack
 from urllib.parse import urlencode, urlsplit
 
 from miles.utils.workers.reconcile.arguments import positive_finite
@@ -401,7 +407,173 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-class HttpTransport:
+async def request_headers(
+    credentials: BearerCredentials | None, content_type: str | None
+) -> dict[str, str]:
+    """A request's header fields after its target: the credentials' (the same dict while they
+    did not change), or without credentials ``Accept`` and ``Content-Type`` alone."""
+    if credentials is not None:
+        return await credentials.headers(content_type)
+    headers = {"Accept": "application/json"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    return headers
+
+
+_Protocol = TypeVar("_Protocol", bound=asyncio.Protocol)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
+    """The server a transport connects to, read from its URL (``https://host:port`` or
+    ``http://...``, a path prefix kept) with the TLS context and server name for an ``https``
+    one, and the time a connection's TCP and TLS handshake may take. Go: ``http.Transport``'s
+    ``DialContext`` and ``TLSClientConfig``."""
+
+    host: str
+    port: int
+    authority: str
+    prefix: str
+    tls: ssl.SSLContext | None
+    server_name: str | None
+    connect_timeout: float
+
+    @classmethod
+    def of(
+        cls,
+        server: str,
+        *,
+        tls: ssl.SSLContext | None,
+        tls_server_name: str | None,
+        connect_timeout: float,
+    ) -> Endpoint:
+        url = urlsplit(server)
+        if url.scheme not in ("https", "http") or not url.hostname:
+            raise ValueError(f"server {server!r}: an http or https URL with a host is needed")
+        secure = url.scheme == "https"
+        return cls(
+            host=url.hostname,
+            port=url.port or (443 if secure else 80),
+            authority=url.netloc,
+            prefix=url.path.rstrip("/"),
+            tls=(tls or ssl.create_default_context()) if secure else None,
+            server_name=(tls_server_name or url.hostname) if secure else None,
+            connect_timeout=positive_finite("connect_timeout", connect_timeout),
+        )
+
+    @property
+    def server(self) -> str:
+        """``host:port``, as errors name the server."""
+        return f"{self.host}:{self.port}"
+
+    def target(self, path: str, query: Sequence[tuple[str, str]]) -> str:
+        """A request's path and query as sent, under the URL's path prefix."""
+        return self.prefix + path + (f"?{urlencode(query)}" if query else "")
+
+    async def connect(self, factory: Callable[[], _Protocol], what: str) -> _Protocol:
+        """A new connection made by ``factory``, within ``connect_timeout``; raises
+        ``KubernetesConnectionError`` (``connect_error``) for ``what`` where none is made."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, connection = await loop.create_connection(
+                    factory, self.host, self.port, ssl=self.tls, server_hostname=self.server_name
+                )
+        except TimeoutError:
+            raise connect_error(what, self.server, self.connect_timeout, None) from None
+        except OSError as err:
+            raise connect_error(what, self.server, self.connect_timeout, err) from None
+        return connection
+
+    def deadline_error(self, what: str, deadline: float | None) -> KubernetesConnectionError:
+        """``what`` ended by its request's ``deadline``."""
+        return KubernetesConnectionError(
+            f"{what} ended by its client deadline ({deadline:g} s)",
+            kind=ConnectionFailure.TIMEOUT,
+            server=self.server,
+        )
+
+
+class DeadlineTimer:
+    """The deadlines of requests in flight checked by one timer, set for the earliest, not one
+    per request: asyncio's timer heap compares its handles in Python, and a timer per request was
+    a tenth of the transport's CPU per write (cProfile). When it fires, ``expire(now)`` fails
+    what is due and returns the deadlines still ahead; the timer is set for their earliest."""
+
+    def __init__(self, *, expire: Callable[[float], Iterable[float]]) -> None:
+        self._expire = expire
+        self._timer: asyncio.TimerHandle | None = None
+        self._at: float | None = None
+
+    def watch(self, expires: float | None) -> None:
+        """A request in flight until ``expires`` (a loop time; None: no deadline)."""
+        if expires is None or (self._at is not None and self._at <= expires):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._at = expires
+        self._timer = asyncio.get_running_loop().call_at(expires, self._fire)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._at = None
+
+    def _fire(self) -> None:
+        self._timer = self._at = None
+        later = list(self._expire(asyncio.get_running_loop().time()))
+        if later:
+            self.watch(min(later))
+
+
+class TransportOptions(TypedDict, total=False):
+    """``HttpTransport``'s keywords, which ``k8s_http2.Http2Transport`` takes too."""
+
+    server: Required[str]
+    tls: ssl.SSLContext | None
+    tls_server_name: str | None
+    credentials: BearerCredentials | None
+    max_connections: int
+    connect_timeout: float
+
+
+class ServerTransport(abc.ABC):
+    """What the write transports are alike as objects: made for a ``kubernetes_asyncio``
+    ``ApiClient`` by ``for_api_client`` (its constructor takes ``TransportOptions``) and closed
+    by ``aclose`` or ``async with``."""
+
+    @abc.abstractmethod
+    def __init__(self, **options: Unpack[TransportOptions]) -> None:
+        """A transport to ``options["server"]``."""
+
+    @classmethod
+    def for_api_client(cls, api_client: Any, *, connect_timeout: float = CONNECT_TIMEOUT) -> Self:
+        """To the server of a ``kubernetes_asyncio`` ``ApiClient``, with its configuration's TLS,
+        token and pool size and its default headers. Its proxy, if any, is not used."""
+        configuration = api_client.configuration
+        secure = urlsplit(configuration.host).scheme == "https"
+        options: TransportOptions = {
+            "server": configuration.host,
+            "tls": tls_context(configuration) if secure else None,
+            "tls_server_name": configuration.tls_server_name,
+            "credentials": BearerCredentials(api_client=api_client),
+            "max_connections": configuration.connection_pool_maxsize or MAX_CONNECTIONS,
+            "connect_timeout": connect_timeout,
+        }
+        return cls(**options)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Closes every connection."""
+
+
+class HttpTransport(ServerTransport):
     """The write client's ``Transport`` over HTTP/1.1 keep-alive connections to ``server``
     (``https://host:port`` or ``http://...``, a path prefix kept). Go: ``http.Transport``.
 
@@ -422,55 +594,27 @@ class HttpTransport:
         max_connections: int = MAX_CONNECTIONS,
         connect_timeout: float = CONNECT_TIMEOUT,
     ) -> None:
-        url = urlsplit(server)
-        if url.scheme not in ("https", "http") or not url.hostname:
-            raise ValueError(f"server {server!r}: an http or https URL with a host is needed")
-        secure = url.scheme == "https"
-        self._host, self._port = url.hostname, url.port or (443 if secure else 80)
-        self._server = f"{self._host}:{self._port}"
-        self._prefix = url.path.rstrip("/")
-        self._host_line = f"Host: {url.netloc}\r\n".encode()
-        self._tls = (tls or ssl.create_default_context()) if secure else None
-        self._server_name = (tls_server_name or self._host) if secure else None
+        self._endpoint = Endpoint.of(
+            server, tls=tls, tls_server_name=tls_server_name, connect_timeout=connect_timeout
+        )
+        self._host_line = f"Host: {self._endpoint.authority}\r\n".encode()
         self._credentials = credentials
         self._max = max_connections
-        self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
         self._idle: deque[_Connection] = deque()
         self._busy: set[_Connection] = set()
         self._opening = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._targets: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._sweep_at: float | None = None
+        self._deadlines = DeadlineTimer(expire=self._expire)
         self._blocks: dict[str | None, tuple[dict[str, str], bytes]] = {}
 
-    @classmethod
-    def for_api_client(
-        cls, api_client: Any, *, connect_timeout: float = CONNECT_TIMEOUT
-    ) -> HttpTransport:
-        """To the server of a ``kubernetes_asyncio`` ``ApiClient``, with its configuration's TLS,
-        token and pool size and its default headers. Its proxy, if any, is not used."""
-        configuration = api_client.configuration
-        secure = urlsplit(configuration.host).scheme == "https"
-        return cls(
-            server=configuration.host,
-            tls=tls_context(configuration) if secure else None,
-            tls_server_name=configuration.tls_server_name,
-            credentials=BearerCredentials(api_client=api_client),
-            max_connections=configuration.connection_pool_maxsize or MAX_CONNECTIONS,
-            connect_timeout=connect_timeout,
-        )
-
-    async def __aenter__(self) -> HttpTransport:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
+    @property
+    def endpoint(self) -> Endpoint:
+        """The server, its TLS and the connect timeout, as the constructor read them."""
+        return self._endpoint
 
     async def aclose(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = self._sweep_at = None
+        self._deadlines.cancel()
         for connection in [*self._idle, *self._busy]:
             connection.close()
         self._idle.clear()
@@ -484,11 +628,7 @@ class HttpTransport:
         try:
             answer = await self._exchange(what, method, message, expires)
         except TimeoutError:
-            raise KubernetesConnectionError(
-                f"{what} ended by its client deadline ({deadline:g} s)",
-                kind=ConnectionFailure.TIMEOUT,
-                server=self._server,
-            ) from None
+            raise self._endpoint.deadline_error(what, deadline) from None
         if answer.status == 401 and self._credentials is not None:
             self._credentials.forget()
         return RawResponse(status=answer.status, body=answer.body, headers=answer.headers)
@@ -515,19 +655,14 @@ class HttpTransport:
         if line is None:
             if len(self._targets) >= _URLS_HELD:
                 self._targets.clear()
-            target = self._prefix + path + (f"?{urlencode(key[2])}" if query else "")
+            target = self._endpoint.target(path, key[2])
             line = f"{method} {target} HTTP/1.1\r\n".encode() + self._host_line
             self._targets[key] = line
         return line
 
     async def _block(self, content_type: str | None) -> bytes:
         """The header lines after Host, encoded again only when the credentials' headers did."""
-        if self._credentials is None:
-            headers = {"Accept": "application/json"}
-            if content_type is not None:
-                headers["Content-Type"] = content_type
-        else:
-            headers = await self._credentials.headers(content_type)
+        headers = await request_headers(self._credentials, content_type)
         held = self._blocks.get(content_type)
         if held is not None and held[0] is headers:
             return held[1]
@@ -540,7 +675,7 @@ class HttpTransport:
     ) -> Answer:
         connection = self._idle_connection() or await self._connection(what, expires)
         while True:
-            self._watch(expires)
+            self._deadlines.watch(expires)
             try:
                 answer = await connection.send(message, head_only=method == "HEAD", expires=expires)
             except _Lost as lost:
@@ -549,12 +684,13 @@ class HttpTransport:
                     connection = await self._connection(what, expires)
                     continue
                 raise KubernetesConnectionError(
-                    f"{what} cut short: {lost}", server=self._server, reason=str(lost)
+                    f"{what} cut short: {lost}", server=self._endpoint.server, reason=str(lost)
                 ) from None
             except MalformedResponse as err:
                 self._drop(connection)
                 raise KubernetesConnectionError(
-                    f"{what} failed: the HTTP response is malformed ({err})", server=self._server
+                    f"{what} failed: the HTTP response is malformed ({err})",
+                    server=self._endpoint.server,
                 ) from None
             except BaseException:
                 self._drop(connection)  # a deadline or a cancel mid-exchange: its state is unknown
@@ -585,21 +721,9 @@ class HttpTransport:
                     return idle
             return await self._open(what)
 
-    def _watch(self, expires: float | None) -> None:
-        """The deadlines of requests in flight are checked by one timer, set for the earliest
-        (``_sweep``), not one per request: asyncio's timer heap compares its handles in Python,
-        and a timer per request was a tenth of the transport's CPU per write (cProfile)."""
-        if expires is None or (self._sweep_at is not None and self._sweep_at <= expires):
-            return
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        self._sweep_at = expires
-        self._sweeper = asyncio.get_running_loop().call_at(expires, self._sweep)
-
-    def _sweep(self) -> None:
-        self._sweeper = self._sweep_at = None
-        now = asyncio.get_running_loop().time()
-        pending = []
+    def _expire(self, now: float) -> list[float]:
+        """Fails the requests whose deadline passed (``DeadlineTimer``); the later deadlines."""
+        later = []
         for connection in list(self._busy):
             expires = connection.expires
             if expires is None:
@@ -607,9 +731,8 @@ class HttpTransport:
             if expires <= now:
                 connection.expire()
             else:
-                pending.append(expires)
-        if pending:
-            self._watch(min(pending))
+                later.append(expires)
+        return later
 
     async def _wait_for_slot(self, loop: asyncio.AbstractEventLoop) -> None:
         waiter = loop.create_future()
@@ -631,21 +754,9 @@ class HttpTransport:
                 return
 
     async def _open(self, what: str) -> _Connection:
-        loop = asyncio.get_running_loop()
         self._opening += 1
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                _, connection = await loop.create_connection(
-                    _Connection,
-                    self._host,
-                    self._port,
-                    ssl=self._tls,
-                    server_hostname=self._server_name,
-                )
-        except TimeoutError:
-            raise connect_error(what, self._server, self._connect_timeout, None) from None
-        except OSError as err:
-            raise connect_error(what, self._server, self._connect_timeout, err) from None
+            connection = await self._endpoint.connect(_Connection, what)
         finally:
             self._opening -= 1
             self._wake()

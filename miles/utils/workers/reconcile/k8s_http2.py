@@ -9,38 +9,35 @@ less CPU per write than on sixteen HTTP/1.1 ones; the frames are made and read h
 by the ``h2`` library, whose state machine cost the client more than that saving (record row
 "``client/``: HTTP/2 to the apiserver").
 
-The credentials, TLS context, deadlines and connection errors are ``HttpTransport``'s. A cut
-connection fails its streams with ``KubernetesConnectionError`` and nothing is sent again, except
-a stream the server did not process: one it refused (``RST_STREAM`` ``REFUSED_STREAM``) or one
-above the last stream id of its ``GOAWAY``, sent again on a new connection, as Go's
-``canRetryError``. A new stream waits while the server's ``MAX_CONCURRENT_STREAMS`` are open (Go's
-``StrictMaxConcurrentStreams``; the apiserver allows hundreds). Both directions keep HTTP/2's flow
-control; a server that breaks the protocol ends the connection and its streams.
+The credentials, TLS context, deadlines and connection errors are ``HttpTransport``'s (its
+``k8s_http.Endpoint``, ``DeadlineTimer`` and ``ServerTransport``). A cut connection fails its
+streams with ``KubernetesConnectionError`` and nothing is sent again, except a stream the server did
+not process: one it refused (``RST_STREAM`` ``REFUSED_STREAM``) or one above the last stream id of
+its ``GOAWAY``, sent again on a new connection, as Go's ``canRetryError``. A new stream waits while
+the server's ``MAX_CONCURRENT_STREAMS`` are open (Go's ``StrictMaxConcurrentStreams``; the apiserver
+allows hundreds). Both directions keep HTTP/2's flow control; a server that breaks the protocol ends
+the connection and its streams.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlencode, urlsplit
+from typing import Any, Unpack
 
 import hpack
 from hpack.table import HeaderTable
 
-from miles.utils.workers.reconcile.arguments import positive_finite
-from miles.utils.workers.reconcile.k8s_errors import ConnectionFailure, KubernetesConnectionError
+from miles.utils.workers.reconcile.k8s_errors import KubernetesConnectionError
 from miles.utils.workers.reconcile.k8s_http import (
-    CONNECT_TIMEOUT,
-    MAX_CONNECTIONS,
-    BearerCredentials,
+    DeadlineTimer,
     Headers,
     HttpTransport,
-    connect_error,
-    tls_context,
+    ServerTransport,
+    TransportOptions,
+    request_headers,
 )
 from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request
 
@@ -531,71 +528,31 @@ def _settle(answer: asyncio.Future[RawResponse], outcome: RawResponse | Exceptio
         answer.set_result(outcome)
 
 
-class Http2Transport:
+class Http2Transport(ServerTransport):
     """The write client's ``Transport`` over one HTTP/2 connection to ``server`` (``https://...``;
     an ``http`` server is spoken to over HTTP/1.1), falling back to ``HttpTransport`` where ALPN
     does not pick ``h2``. Go: http2 ``Transport`` under ``http.Transport``.
 
-    ``tls``, ``tls_server_name``, ``credentials``, ``max_connections`` (of the HTTP/1.1 fallback)
-    and ``connect_timeout`` are ``HttpTransport``'s; ``tls`` gets the ALPN protocols ``h2`` and
-    ``http/1.1``. ``aclose`` (or ``async with``) closes every connection.
+    Its keywords (``server``, ``tls``, ``tls_server_name``, ``credentials``, ``max_connections``
+    of the HTTP/1.1 fallback, ``connect_timeout``) are ``HttpTransport``'s, and so are its
+    endpoint and credentials; ``tls`` gets the ALPN protocols ``h2`` and ``http/1.1``. ``aclose``
+    (or ``async with``) closes every connection.
     """
 
-    def __init__(
-        self,
-        *,
-        server: str,
-        tls: ssl.SSLContext | None = None,
-        tls_server_name: str | None = None,
-        credentials: BearerCredentials | None = None,
-        max_connections: int = MAX_CONNECTIONS,
-        connect_timeout: float = CONNECT_TIMEOUT,
-    ) -> None:
-        url = urlsplit(server)
-        secure = url.scheme == "https"
-        if secure:
-            tls = tls or ssl.create_default_context()
-            tls.set_alpn_protocols(["h2", "http/1.1"])
-        self._http1 = HttpTransport(
-            server=server,
-            tls=tls,
-            tls_server_name=tls_server_name,
-            credentials=credentials,
-            max_connections=max_connections,
-            connect_timeout=connect_timeout,
-        )
-        self._only_http1 = not secure
-        self._host, self._port = url.hostname or "", url.port or 443
-        self._server = f"{self._host}:{self._port}"
-        self._authority = url.netloc.encode()
-        self._prefix = url.path.rstrip("/")
-        self._tls, self._server_name = tls, tls_server_name or self._host
-        self._credentials = credentials
-        self._connect_timeout = positive_finite("connect_timeout", connect_timeout)
+    def __init__(self, **options: Unpack[TransportOptions]) -> None:
+        self._http1 = HttpTransport(**options)
+        self._endpoint = self._http1.endpoint
+        if self._endpoint.tls is not None:
+            self._endpoint.tls.set_alpn_protocols(["h2", "http/1.1"])
+        self._only_http1 = self._endpoint.tls is None
+        self._authority = self._endpoint.authority.encode()
+        self._credentials = options.get("credentials")
         self._connection: _Connection | None = None
         self._draining: list[_Connection] = []
         self._opening: asyncio.Task[_Connection | None] | None = None
         self._targets: dict[tuple[str, str, tuple[tuple[str, str], ...]], list[Any]] = {}
         self._fields: dict[str | None, tuple[dict[str, str], list[tuple[bytes, bytes]]]] = {}
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._sweep_at: float | None = None
-
-    @classmethod
-    def for_api_client(
-        cls, api_client: Any, *, connect_timeout: float = CONNECT_TIMEOUT
-    ) -> Http2Transport:
-        """To the server of a ``kubernetes_asyncio`` ``ApiClient``, with its configuration's TLS,
-        token and pool size and its default headers (``HttpTransport.for_api_client``'s)."""
-        configuration = api_client.configuration
-        secure = urlsplit(configuration.host).scheme == "https"
-        return cls(
-            server=configuration.host,
-            tls=tls_context(configuration) if secure else None,
-            tls_server_name=configuration.tls_server_name,
-            credentials=BearerCredentials(api_client=api_client),
-            max_connections=configuration.connection_pool_maxsize or MAX_CONNECTIONS,
-            connect_timeout=connect_timeout,
-        )
+        self._deadlines = DeadlineTimer(expire=self._expire)
 
     @property
     def protocol(self) -> str | None:
@@ -604,16 +561,8 @@ class Http2Transport:
             return "http/1.1"
         return "h2" if self._connection is not None else None
 
-    async def __aenter__(self) -> Http2Transport:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = self._sweep_at = None
+        self._deadlines.cancel()
         if self._opening is not None:
             self._opening.cancel()
             await asyncio.gather(self._opening, return_exceptions=True)
@@ -632,11 +581,7 @@ class Http2Transport:
         try:
             answer = await self._send(request, what, expires)
         except TimeoutError:
-            raise KubernetesConnectionError(
-                f"{what} ended by its client deadline ({deadline:g} s)",
-                kind=ConnectionFailure.TIMEOUT,
-                server=self._server,
-            ) from None
+            raise self._endpoint.deadline_error(what, deadline) from None
         if answer is None:
             return await self._http1.send(request)
         if answer.status == 401 and self._credentials is not None:
@@ -650,7 +595,7 @@ class Http2Transport:
             connection = await self._usable(what, expires)
             if connection is None:
                 return None
-            self._watch(expires)
+            self._deadlines.watch(expires)
             try:
                 if connection.full():
                     async with asyncio.timeout_at(expires):
@@ -660,11 +605,11 @@ class Http2Transport:
                 continue
             except KubernetesConnectionError as err:
                 raise KubernetesConnectionError(
-                    f"{what} cut short: {err}", server=self._server, reason=str(err)
+                    f"{what} cut short: {err}", server=self._endpoint.server, reason=str(err)
                 ) from None
         raise KubernetesConnectionError(
             f"{what}: the server refused it {SEND_AGAIN + 1} times unprocessed",
-            server=self._server,
+            server=self._endpoint.server,
         )
 
     async def _headers(self, request: Request) -> list[tuple[bytes, bytes]]:
@@ -684,7 +629,7 @@ class Http2Transport:
         if fields is None:
             if len(self._targets) >= _URLS_HELD:
                 self._targets.clear()
-            target = self._prefix + path + (f"?{urlencode(key[2])}" if query else "")
+            target = self._endpoint.target(path, key[2])
             fields = [
                 (b":method", method.encode()),
                 (b":scheme", b"https"),
@@ -697,12 +642,7 @@ class Http2Transport:
     async def _credential_fields(self, content_type: str | None) -> list[tuple[bytes, bytes]]:
         """The credentials' header fields, lowercase (HTTP/2 wants them so), encoded again only
         when the credentials' headers were made again."""
-        if self._credentials is None:
-            headers = {"Accept": "application/json"}
-            if content_type is not None:
-                headers["Content-Type"] = content_type
-        else:
-            headers = await self._credentials.headers(content_type)
+        headers = await request_headers(self._credentials, content_type)
         held = self._fields.get(content_type)
         if held is not None and held[0] is headers:
             return held[1]
@@ -743,20 +683,7 @@ class Http2Transport:
         return current + self._draining
 
     async def _open(self, what: str) -> _Connection | None:
-        loop = asyncio.get_running_loop()
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                _, connection = await loop.create_connection(
-                    _Connection,
-                    self._host,
-                    self._port,
-                    ssl=self._tls,
-                    server_hostname=self._server_name,
-                )
-        except TimeoutError:
-            raise connect_error(what, self._server, self._connect_timeout, None) from None
-        except OSError as err:
-            raise connect_error(what, self._server, self._connect_timeout, err) from None
+        connection = await self._endpoint.connect(_Connection, what)
         if connection.alpn != "h2":
             connection.close()
             self._only_http1 = True
@@ -764,18 +691,6 @@ class Http2Transport:
         self._connection = connection
         return connection
 
-    def _watch(self, expires: float | None) -> None:
-        """One timer for the earliest deadline in flight, as ``HttpTransport`` keeps."""
-        if expires is None or (self._sweep_at is not None and self._sweep_at <= expires):
-            return
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        self._sweep_at = expires
-        self._sweeper = asyncio.get_running_loop().call_at(expires, self._sweep)
-
-    def _sweep(self) -> None:
-        self._sweeper = self._sweep_at = None
-        now = asyncio.get_running_loop().time()
-        later = [expires for c in self._live() for expires in c.expire(now)]
-        if later:
-            self._watch(min(later))
+    def _expire(self, now: float) -> list[float]:
+        """Fails the streams whose deadline passed (``DeadlineTimer``); the later deadlines."""
+        return [expires for c in self._live() for expires in c.expire(now)]
