@@ -27,6 +27,7 @@ from miles.utils.workers.reconcile.k8s_http import (
     parse_head,
 )
 from miles.utils.workers.reconcile.k8s_transport import Request
+from tests.fast.utils.workers.reconcile.loopback import loopback_server
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
@@ -179,10 +180,8 @@ async def serving(
         finally:
             writer.close()
 
-    server = await asyncio.start_server(accept, "127.0.0.1", 0, ssl=tls)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}", requests
+    async with loopback_server(accept, tls=tls) as url:
+        yield url, requests
 
 
 async def answering(peer: Peer) -> None:

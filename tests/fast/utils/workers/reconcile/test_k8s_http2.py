@@ -28,6 +28,7 @@ from miles.utils.workers.reconcile.k8s_errors import ConnectionFailure, Kubernet
 from miles.utils.workers.reconcile.k8s_http import BearerCredentials
 from miles.utils.workers.reconcile.k8s_http2 import Http2Transport, StaticEncoder
 from miles.utils.workers.reconcile.k8s_transport import Request
+from tests.fast.utils.workers.reconcile.loopback import loopback_server
 
 
 @dataclass
@@ -116,10 +117,8 @@ async def serving(
         finally:
             writer.close()
 
-    server = await asyncio.start_server(accept, "127.0.0.1", 0, ssl=tls)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
-        yield f"https://127.0.0.1:{port}", requests, peers
+    async with loopback_server(accept, tls=tls) as url:
+        yield url, requests, peers
 
 
 @pytest.fixture(scope="module")
@@ -185,11 +184,10 @@ async def test_a_server_without_h2_is_spoken_to_over_http11(pair: ServingPair) -
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
-    server = await asyncio.start_server(
-        accept, "127.0.0.1", 0, ssl=server_tls(pair, alpn=["http/1.1"])
-    )
-    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    async with server, client(url, pair.ca_cert) as transport:
+    async with (
+        loopback_server(accept, tls=server_tls(pair, alpn=["http/1.1"])) as url,
+        client(url, pair.ca_cert) as transport,
+    ):
         first = await transport.send(patch("/a"))
         second = await transport.send(patch("/b"))
         assert transport.protocol == "http/1.1"
@@ -197,40 +195,39 @@ async def test_a_server_without_h2_is_spoken_to_over_http11(pair: ServingPair) -
     assert seen == [b"PATCH /a?fieldManager=m HTTP/1.1", b"PATCH /b?fieldManager=m HTTP/1.1"]
 
 
-async def test_a_refused_stream_is_sent_again(pair: ServingPair) -> None:
-    async def refusing_first(peer: Peer, request: Received) -> None:
-        if request.stream_id == 1:
-            peer.h2.reset_stream(1, h2.errors.ErrorCodes.REFUSED_STREAM)
-        else:
-            await answering(peer, request)
+async def refusing_first(peer: Peer, request: Received) -> None:
+    if request.stream_id == 1:
+        peer.h2.reset_stream(1, h2.errors.ErrorCodes.REFUSED_STREAM)
+    else:
+        await answering(peer, request)
 
+
+async def going_away(peer: Peer, request: Received) -> None:
+    """GOAWAY naming stream 0 as the last processed: stream 1 was not."""
+    if peer.index == 1:
+        peer.h2.close_connection(last_stream_id=0)
+    else:
+        await answering(peer, request)
+
+
+@pytest.mark.parametrize(
+    ("unprocessing", "received"),
+    [
+        (refusing_first, [(1, 1, "PATCH"), (1, 3, "PATCH")]),  # again on the same connection
+        (going_away, [(1, 1, "PATCH"), (2, 1, "PATCH")]),  # again on a second connection
+    ],
+)
+async def test_a_stream_the_server_did_not_process_is_sent_again(
+    pair: ServingPair, unprocessing: Handler, received: list[tuple[int, int, str]]
+) -> None:
     async with (
-        serving(server_tls(pair), refusing_first) as (url, requests, _),
+        serving(server_tls(pair), unprocessing) as (url, requests, peers),
         client(url, pair.ca_cert) as transport,
     ):
         answer = await transport.send(patch("/a"))
     assert answer.status == 200
-    assert [(r.stream_id, r.method) for r in requests] == [(1, "PATCH"), (3, "PATCH")]
-
-
-async def test_a_stream_above_goaway_is_sent_again_on_a_new_connection(pair: ServingPair) -> None:
-    """The server's GOAWAY names stream 0 as the last it processed: stream 1 was not, and goes
-    again on a second connection."""
-
-    async def going_away(peer: Peer, request: Received) -> None:
-        if peer.index == 1:
-            peer.h2.close_connection(last_stream_id=0)
-        else:
-            await answering(peer, request)
-
-    async with (
-        serving(server_tls(pair), going_away) as (url, requests, peers),
-        client(url, pair.ca_cert) as transport,
-    ):
-        answer = await transport.send(patch("/a"))
-    assert answer.status == 200
-    assert [(r.connection, r.method) for r in requests] == [(1, "PATCH"), (2, "PATCH")]
-    assert len(peers) == 2
+    assert [(r.connection, r.stream_id, r.method) for r in requests] == received
+    assert len(peers) == received[-1][0]
 
 
 @pytest.mark.parametrize("cut", ["close", "reset"])
