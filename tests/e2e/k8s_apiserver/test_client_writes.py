@@ -262,7 +262,7 @@ async def install_pools(writes: Client) -> None:
         await writes.create(CUSTOM_RESOURCE_DEFINITIONS, manifest)
     for _ in range(200):
         crd = await writes.get(CUSTOM_RESOURCE_DEFINITIONS, manifest["metadata"]["name"])
-        conditions = crd.get("status", {}).get("conditions", [])
+        conditions = (crd.get("status") or {}).get("conditions") or []
         if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
             return
         await asyncio.sleep(0.05)
