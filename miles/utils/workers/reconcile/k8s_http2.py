@@ -166,6 +166,7 @@ class _Stream:
     chunks: list[bytes] = field(default_factory=list)
     unacknowledged: int = 0
     window: asyncio.Future[None] | None = None
+    heard: int = 0  # the connection's reads when the stream opened
 
 
 class _Connection(asyncio.Protocol):
@@ -191,6 +192,7 @@ class _Connection(asyncio.Protocol):
         self._unacknowledged = 0
         self._block: tuple[int, int, bytearray] | None = None  # a header block's stream, flags
         self._slots: list[asyncio.Future[None]] = []
+        self._reads = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -237,7 +239,7 @@ class _Connection(asyncio.Protocol):
             raise _Unprocessed("no stream id left on the connection")
         self._next_id += 2
         answer: asyncio.Future[RawResponse] = asyncio.get_running_loop().create_future()
-        stream = _Stream(answer, expires, self._initial_window)
+        stream = _Stream(answer, expires, self._initial_window, heard=self._reads)
         self.streams[stream_id] = stream
         try:
             self._send_headers(stream_id, self._encoder.encode(fields), not body)
@@ -285,6 +287,9 @@ class _Connection(asyncio.Protocol):
         if self.streams.pop(stream_id, None) is None or self.closed:
             return
         self._wake_one()
+        if self.draining and not self.streams:
+            self.close()
+            return
         self._out.append(_frame(_RST_STREAM, 0, stream_id, struct.pack(">I", _CANCEL)))
         self._flush_soon()
 
@@ -300,6 +305,7 @@ class _Connection(asyncio.Protocol):
         self._out.clear()
 
     def data_received(self, data: bytes) -> None:
+        self._reads += 1
         buffer = self._buffer
         buffer += data
         at, end = 0, len(buffer)
@@ -471,12 +477,16 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def expire(self, now: float) -> list[float]:
-        """Fails the streams whose deadline passed with ``TimeoutError``; the later deadlines."""
+        """Fails the streams whose deadline passed with ``TimeoutError``; the later deadlines.
+        A connection that read nothing while such a stream was open takes no new stream: Go's
+        health ping would find it dead, and HTTP/1.1 drops the connection of any late request."""
         later = []
         for stream in list(self.streams.values()):
             if stream.expires is None:
                 continue
             if stream.expires <= now:
+                if stream.heard == self._reads:
+                    self.draining = True
                 _settle(stream.answer, TimeoutError())
             else:
                 later.append(stream.expires)

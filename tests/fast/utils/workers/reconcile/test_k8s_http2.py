@@ -2,9 +2,9 @@
 servers speaking HTTP/2 through the ``h2`` library: requests as streams of one connection, the
 fallback to HTTP/1.1 where ALPN does not pick ``h2``, a refused stream and a stream above GOAWAY's
 last id sent again, a cut connection and a reset stream never sent again, the deadline (the
-stream reset), a body larger than the server's flow-control window, a 401, an answer's header
-block in CONTINUATION frames, a PING answered, a server breaking the protocol, and the header
-encoder read back by ``hpack``."""
+stream reset; a connection silent for a whole deadline retired), a body larger than the server's
+flow-control window, a 401, an answer's header block in CONTINUATION frames, a PING answered, a
+server breaking the protocol, and the header encoder read back by ``hpack``."""
 
 from __future__ import annotations
 
@@ -251,21 +251,45 @@ async def test_a_processed_stream_cut_short_is_not_sent_again(pair: ServingPair,
     assert [r.path for r in requests] == ["/a?fieldManager=m", "/b?fieldManager=m"]
 
 
-async def test_the_deadline_ends_and_resets_a_stream_never_answered(pair: ServingPair) -> None:
-    async def silent_on_a(peer: Peer, request: Received) -> None:
-        if not request.path.startswith("/a"):
-            await answering(peer, request)
+async def silent_on_a(peer: Peer, request: Received) -> None:
+    if not request.path.startswith("/a"):
+        await answering(peer, request)
 
+
+async def test_the_deadline_ends_and_resets_a_stream_never_answered(pair: ServingPair) -> None:
+    """The connection answered another stream meanwhile: it is alive, and kept."""
     async with (
-        serving(server_tls(pair), silent_on_a) as (url, _, peers),
+        serving(server_tls(pair), silent_on_a) as (url, requests, peers),
         client(url, pair.ca_cert) as transport,
     ):
-        with pytest.raises(KubernetesConnectionError, match="client deadline") as late:
-            await transport.send(patch("/a", deadline=0.05))
-        assert late.value.kind is ConnectionFailure.TIMEOUT
+        late = asyncio.ensure_future(transport.send(patch("/a", deadline=0.2)))
         assert (await transport.send(patch("/b"))).status == 200
-    assert peers[0].resets == [1]
+        with pytest.raises(KubernetesConnectionError, match="client deadline") as failure:
+            await late
+        assert failure.value.kind is ConnectionFailure.TIMEOUT
+        assert (await transport.send(patch("/c"))).status == 200
+    assert peers[0].resets == [r.stream_id for r in requests if r.path.startswith("/a")]
     assert len(peers) == 1
+
+
+async def test_a_connection_silent_for_a_whole_deadline_takes_no_new_stream(
+    pair: ServingPair,
+) -> None:
+    """Nothing read while the late stream was open: the next request opens a new connection
+    (where Go's health ping would have found the connection dead)."""
+    async with (
+        serving(server_tls(pair), silent_on_a) as (url, requests, _),
+        client(url, pair.ca_cert) as transport,
+    ):
+        assert (await transport.send(patch("/b"))).status == 200
+        with pytest.raises(KubernetesConnectionError, match="client deadline"):
+            await transport.send(patch("/a", deadline=0.05))
+        assert (await transport.send(patch("/c"))).status == 200
+    assert [(r.connection, r.path) for r in requests] == [
+        (1, "/b?fieldManager=m"),
+        (1, "/a?fieldManager=m"),
+        (2, "/c?fieldManager=m"),
+    ]
 
 
 async def test_a_body_beyond_the_flow_control_window_is_sent_whole(pair: ServingPair) -> None:
