@@ -24,8 +24,8 @@ and the examples sit on top. ``lint-imports`` checks this (the contracts are in
    ``kubernetes_asyncio``, the only module that imports it), ``k8s_config`` (``tools/clientcmd``,
    ``rest.InClusterConfig``: kubeconfig, service account, token refresh), ``k8s_transport``
    (``rest``'s HTTP client), ``k8s_http`` (``net/http``'s ``Transport``, HTTP/1.1),
-   ``k8s_http2`` (``x/net/http2``'s ``Transport``), ``k8s_interfaces``
-   (``cache.ListerWatcher``), ``k8s_values``
+   ``k8s_http2`` (``x/net/http2``'s ``Transport``), ``k8s_hpack`` (``x/net/http2/hpack``),
+   ``k8s_interfaces`` (``cache.ListerWatcher``), ``k8s_values``
    (``PodList``, ``watch.Event``), ``k8s_types`` (core/v1 and batch/v1 types), ``k8s_objects``
    (``metav1.Object``, ``unstructured.Unstructured``), ``k8s_errors`` (``apierrors``),
    ``k8s_wire`` (``watch.Decoder``), ``k8s_framing`` (``util/framer``), ``k8s_pager``

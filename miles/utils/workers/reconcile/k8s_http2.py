@@ -1,5 +1,5 @@
 """HTTP/2 to the apiserver: one TLS connection carries every write in flight, framed here, the
-answers' header blocks decoded by ``hpack``. Go: golang.org/x/net/http2 ``Transport``.
+header blocks by ``k8s_hpack``. Go: golang.org/x/net/http2 ``Transport``.
 
 ``Http2Transport`` offers ``h2`` and ``http/1.1`` by ALPN; where the server picks ``h2`` all
 requests are streams of one connection (as client-go's), the frames a loop turn made sent in one
@@ -27,10 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-import hpack
-from hpack.table import HeaderTable
-
 from miles.utils.workers.reconcile.k8s_errors import KubernetesConnectionError
+from miles.utils.workers.reconcile.k8s_hpack import HeaderDecoder, HpackError, StaticEncoder
 from miles.utils.workers.reconcile.k8s_http import (
     DeadlineTimer,
     Headers,
@@ -49,68 +47,6 @@ SEND_AGAIN = 5
 """Times a stream the server did not process is sent again (Go retries such a request six
 times)."""
 _URLS_HELD = 4096
-
-
-_STATIC_FIELDS = {field: index for index, field in enumerate(HeaderTable.STATIC_TABLE, 1)}
-_STATIC_NAMES: dict[bytes, int] = {}
-for _index, (_name, _) in enumerate(HeaderTable.STATIC_TABLE, 1):
-    _STATIC_NAMES.setdefault(_name, _index)
-
-
-class StaticEncoder:
-    """HPACK that never indexes a field into the dynamic table: a field of the static table by
-    its index, any other as a literal (its name by index where the static table has it), no
-    Huffman coding. Its blocks depend on the fields alone, so each is made once (at most
-    ``_URLS_HELD`` held): ``hpack``'s encoder searched its tables for every field of every
-    request, a tenth of the client's CPU per write (cProfile). Go's encoder indexes; the
-    apiserver decodes either alike."""
-
-    def __init__(self) -> None:
-        self._blocks: dict[tuple[tuple[bytes, bytes], ...], bytes] = {}
-        self._resized = False
-
-    @property
-    def header_table_size(self) -> int:
-        return 0
-
-    @header_table_size.setter
-    def header_table_size(self, _: int) -> None:
-        self._resized = True  # the next block opens with a size update (to 0, always allowed)
-
-    def encode(self, headers: Sequence[tuple[bytes, bytes]], huffman: bool = True) -> bytes:
-        key = tuple(headers)
-        block = self._blocks.get(key)
-        if block is None:
-            if len(self._blocks) >= _URLS_HELD:
-                self._blocks.clear()
-            block = self._blocks[key] = b"".join(_field(name, value) for name, value in key)
-        if self._resized:
-            self._resized = False
-            return b"\x20" + block
-        return block
-
-
-def _field(name: bytes, value: bytes) -> bytes:
-    index = _STATIC_FIELDS.get((name, value))
-    if index is not None:
-        return _integer(index, 7, 0x80)
-    index = _STATIC_NAMES.get(name, 0)
-    head = _integer(index, 4, 0x00) if index else b"\x00" + _integer(len(name), 7, 0) + name
-    return head + _integer(len(value), 7, 0) + value
-
-
-def _integer(value: int, prefix_bits: int, flags: int) -> bytes:
-    """RFC 7541 5.1."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([flags | value])
-    out = [flags | limit]
-    value -= limit
-    while value >= 128:
-        out.append((value & 127) | 128)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -170,9 +106,8 @@ class _Stream:
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/2 connection, framed here (RFC 9113; only answers' header blocks go through
-    ``hpack``): the streams in flight, both directions' flow control, and one write of the frames
-    a loop turn made."""
+    """One HTTP/2 connection, framed here (RFC 9113; header blocks by ``k8s_hpack``): the streams
+    in flight, both directions' flow control, and one write of the frames a loop turn made."""
 
     def __init__(self) -> None:
         self.streams: dict[int, _Stream] = {}
@@ -180,7 +115,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.draining = False
         self._encoder = StaticEncoder()
-        self._decoder = hpack.Decoder()
+        self._decoder = HeaderDecoder()
         self._buffer = bytearray()
         self._out: list[bytes] = []
         self._flushing = False
@@ -320,7 +255,7 @@ class _Connection(asyncio.Protocol):
                 payload = bytes(buffer[at + 9 : at + 9 + length])
                 at += 9 + length
                 self._on_frame(head & 0xFF, flags, stream_id & _MAX_STREAM_ID, payload)
-        except (_ProtocolError, hpack.HPACKError, struct.error, IndexError) as err:
+        except (_ProtocolError, HpackError, struct.error, IndexError) as err:
             self._fail_all(KubernetesConnectionError(f"HTTP/2 protocol error: {err}"))
             self.close()
             return
@@ -390,7 +325,7 @@ class _Connection(asyncio.Protocol):
                 return
             stream_id, flags, block = self._block
             self._block, payload = None, bytes(block)
-        fields = self._decoder.decode(payload, raw=True)
+        fields = self._decoder.decode(payload)
         stream = self.streams.get(stream_id)
         if stream is not None:
             self._on_headers(stream, fields)
@@ -398,12 +333,11 @@ class _Connection(asyncio.Protocol):
             self._end(stream_id)
 
     @staticmethod
-    def _on_headers(stream: _Stream, fields: Iterable[tuple[bytes | str, bytes | str]]) -> None:
+    def _on_headers(stream: _Stream, fields: Iterable[tuple[str, str]]) -> None:
         if stream.status >= 200:
             return  # trailers
         own = stream.headers
-        for raw_name, raw_value in fields:
-            name, value = _text(raw_name), _text(raw_value)
+        for name, value in fields:
             if name == ":status":
                 stream.status = int(value)
                 if stream.status < 200:
@@ -523,10 +457,6 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode("latin-1") if isinstance(raw, bytes) else raw
 
 
 def _settle(answer: asyncio.Future[RawResponse], outcome: RawResponse | Exception) -> None:
