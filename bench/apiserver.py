@@ -55,8 +55,9 @@ figure printed is the median over the rounds, and each ratio the median of per-r
 valgrind's callgrind, as instructions per event (``bench/apiserver_callgrind.py``): a CPU figure
 the host's load does not move; its exit status is that target's.
 ``--kind enginepools`` runs ours over the pods beside ours over as many engine pools of a pod's
-size, typed and dynamic, and the raw paged LIST of the pools, in the same rounds
-(``bench/apiserver_objects.py``); its exit status is the engine pools' targets.
+size, typed and dynamic, and the raw paged LIST of the pools, in the same rounds, every writer
+paced at ``apiserver_objects.PACE`` unless ``--writer-rate`` (``bench/apiserver_objects.py``); its
+exit status is the engine pools' targets.
 """
 
 from __future__ import annotations
@@ -85,7 +86,14 @@ from bench.apiserver_callgrind import (
 )
 from bench.apiserver_kube_rs import ContenderUnavailable, ensure_kube_rs
 from bench.apiserver_measure import Env, Scenario, measure_compiled, measure_python
-from bench.apiserver_objects import CEILINGS, INSTRUCTION_CEILINGS, KIND, check_ceilings
+from bench.apiserver_objects import (
+    CEILINGS,
+    INSTRUCTION_CEILINGS,
+    KIND,
+    PACE,
+    check_ceilings,
+    pace_kept,
+)
 from bench.apiserver_objects import CONTENDERS as OBJECT_CONTENDERS
 from bench.apiserver_proc import SELECTOR, read_body
 from bench.apiserver_report import (
@@ -393,6 +401,10 @@ async def objects_bench(
     )
     for key, title in (
         ("sync_s", "LIST-to-synced by round (s)"),
+        (
+            "writer_rate",
+            f"the writer's patches per second by round (paced at {args.writer_rate:g})",
+        ),
         ("cpu_per_event", "CPU per WATCH event by round (us), unpolled window"),
         (
             "apiserver_cpu_per_event",
@@ -403,6 +415,7 @@ async def objects_bench(
         if any(results.per_round(name, key) != [None] * len(results.rounds) for name in contenders):
             print_rounds(results, key, title)
     met = check_ceilings(results, INSTRUCTION_CEILINGS if args.instructions else CEILINGS)
+    met = pace_kept(results, args.writer_rate) and met
     if args.json:
         context["pool_bytes"] = pool_bytes
         print(
@@ -553,9 +566,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--writer-rate",
         type=float,
-        default=0.0,
-        help="patches started per second, evenly spaced (default 0: as fast as the apiserver"
-        " takes them)",
+        default=None,
+        help="patches started per second, evenly spaced; 0: as fast as the apiserver takes them"
+        f" (default 0; --kind {KIND}: {PACE:g}; --instructions: {RATE:g})",
     )
     parser.add_argument(
         "--oracle-poll", type=float, default=0.005, help="least seconds between client-go polls"
@@ -605,8 +618,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.parents = args.parents or (1000 if args.growth else max(args.pods // 10, 1))
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.watch_seconds = args.watch_seconds or (3.0 if args.quick else 8.0)
-    if args.instructions:
-        args.writer_rate = args.writer_rate or RATE
+    if args.writer_rate is None:
+        args.writer_rate = RATE if args.instructions else PACE if args.kind == KIND else 0.0
+    if args.writer_rate < 0:
+        parser.error("--writer-rate takes a rate of 0 or more")
     if args.kind == KIND:
         args.contenders = args.contenders or ["ours", *OBJECT_CONTENDERS]
     args.contenders = args.contenders or list(

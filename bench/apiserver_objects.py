@@ -9,7 +9,7 @@ so that an object is about a pod's size. ``ours`` keeps watching the pods, ``our
 ``bench/objects.py``'s ``EnginePool``, or ``DynamicObject``) in the same rounds, so that each ratio
 is measured in one run. Targets (the any-kind record row): LIST-to-synced within 1.3x the raw
 paged LIST of the same objects; CPU (or instructions) per WATCH event within 1.1x the pod path's
-typed and 1.5x dynamic.
+typed and 1.5x dynamic, every contender's writer at the same ``PACE``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,17 @@ POOLS = Resource.custom(
     group="miles.io", version="v1alpha1", plural="enginepools", kind="EnginePool"
 )
 CRD_MANIFEST = Path(miles.utils.k8s_testenv.__file__).parent / "crds" / "enginepool.yaml"
+PACE = 200.0
+"""Patches per second of every contender's writer unless ``--writer-rate`` says otherwise. A
+contender's CPU per WATCH event depends on how many events a socket read brings, which the
+apiserver sets by how fast it takes the writes: unpaced, it took 385-390 pod patches a second on
+two cores and 240-290 engine-pool patches (a custom resource's write costs it more: 5.0-6.3 ms of
+CPU per event against 3.4-3.5), handing the pools over at 0.60 reads an event against the pods'
+0.31, so the same code read 1.30x the pods' CPU per pool event (docs/benchmarks.md). At one pace
+below both, each contender meets the same load."""
+PACE_KEPT = 0.9
+"""The least share of the pace each contender's writer must have kept for the CPU per WATCH event
+of its round to compare."""
 CONTENDERS = ("ours-typed", "ours-dynamic")
 """The contenders that watch engine pools; every other one watches the pods."""
 CEILINGS = (
@@ -206,3 +217,20 @@ def check_ceilings(
         met = met and verdict == "met"
         print(f"  {text}: {fmt(ratio)}x (rounds {shown}), ceiling {ceiling:g} -> {verdict}")
     return met
+
+
+def pace_kept(results: Results, rate: float) -> bool:
+    """Whether every contender's writer kept ``PACE_KEPT`` of ``rate`` in every round (a writer
+    behind its pace meets a load of the apiserver's choosing, so its CPU per event does not
+    compare); one line per round and contender that did not."""
+    kept = True
+    for number, one_round in enumerate(results.rounds, 1):
+        for name, values in one_round.items():
+            achieved = values.get("writer_rate") if isinstance(values, dict) else None
+            if achieved is not None and achieved < PACE_KEPT * rate:
+                kept = False
+                print(
+                    f"  round {number}, {name}: the writer kept {achieved:.0f} of {rate:g}"
+                    " patches/s: its CPU per WATCH event does not compare (lower --writer-rate)"
+                )
+    return kept

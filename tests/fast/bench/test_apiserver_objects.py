@@ -1,6 +1,7 @@
 """bench/apiserver_objects.py: an engine pool made of a served pod carries the pod's labels and
 about its bytes and decodes into the bench's model; the targets judge each ratio within a round and
-fail the run when one is over its ceiling. Layer: fast (no cluster; the objects are built here)."""
+fail the run when one is over its ceiling or a writer fell behind its pace. Layer: fast (no
+cluster; the objects are built here)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from typing import Any
 import pytest
 
 from bench.apiserver import parse_args
+from bench.apiserver_callgrind import RATE
 from bench.apiserver_objects import (
     CEILINGS,
     CONTENDERS,
+    PACE,
     SERVED_POOL_EXTRA,
     check_ceilings,
     engine_pool,
+    pace_kept,
 )
 from bench.objects import EnginePool
 from bench.report import Results
@@ -59,3 +63,19 @@ def test_a_ratio_over_its_ceiling_fails_the_run(capsys: pytest.CaptureFixture[st
 def test_kind_enginepools_runs_the_pods_beside_the_pools() -> None:
     assert parse_args(["--kind", "enginepools"]).contenders == ["ours", *CONTENDERS]
     assert parse_args([]).contenders == ["ours", "ka", "go", "kube-rs", "wire"]
+
+
+def test_kind_enginepools_paces_every_writer_alike_unless_told() -> None:
+    assert parse_args(["--kind", "enginepools"]).writer_rate == PACE
+    assert parse_args(["--kind", "enginepools", "--writer-rate", "0"]).writer_rate == 0.0
+    assert parse_args([]).writer_rate == 0.0
+    assert parse_args(["--instructions"]).writer_rate == RATE
+
+
+def test_a_writer_behind_its_pace_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
+    kept = {"ours": {"writer_rate": 199.0}, "ours-typed": {"writer_rate": 185.0}}
+    behind = {"ours": {"writer_rate": 200.0}, "ours-typed": {"writer_rate": 150.0}}
+    assert pace_kept(Results([kept, kept]), 200.0)
+    assert not pace_kept(Results([kept, behind]), 200.0)
+    assert "round 2, ours-typed: the writer kept 150 of 200 patches/s" in capsys.readouterr().out
+    assert pace_kept(Results([behind]), 0.0)
