@@ -54,17 +54,21 @@ _URLS_HELD = 4096
 class Headers(Mapping[str, str]):
     """An answer's header fields, their names looked up in any case; a repeated field's values
     joined by ", " (Go reads them so as one). Go: ``http.Header``. Read off the wire, the fields
-    are parsed only when first looked up: a write client reads its 2xx answers' headers rarely."""
+    are parsed only when first looked up (given ``fields``, joined then): a write client reads
+    its 2xx answers' headers rarely."""
 
-    __slots__ = ("_block", "_fields")
+    __slots__ = ("_block", "_fields", "_given")
 
     def __init__(self, fields: Mapping[str, str] | None = None, *, block: str = "") -> None:
         self._block = block
-        self._fields = None if fields is None else _joined(fields.items())
+        self._given = fields
+        self._fields: dict[str, str] | None = None
 
     def _parsed(self) -> dict[str, str]:
         if self._fields is None:
-            self._fields = _joined(_FIELD.findall(self._block))
+            given = self._given
+            fields = _FIELD.findall(self._block) if given is None else given.items()
+            self._fields = _joined(fields)
         return self._fields
 
     def __getitem__(self, name: str) -> str:
@@ -470,6 +474,10 @@ class Endpoint:
         """A request's path and query as sent, under the URL's path prefix."""
         return self.prefix + path + (f"?{urlencode(query)}" if query else "")
 
+    def targets(self) -> Targets:
+        """``target`` with each query encoded once."""
+        return Targets(prefix=self.prefix)
+
     async def connect(self, factory: Callable[[], _Protocol], what: str) -> _Protocol:
         """A new connection made by ``factory``, within ``connect_timeout``; raises
         ``KubernetesConnectionError`` (``connect_error``) for ``what`` where none is made."""
@@ -492,6 +500,25 @@ class Endpoint:
             kind=ConnectionFailure.TIMEOUT,
             server=self.server,
         )
+
+
+class Targets:
+    """``Endpoint.target`` with each query's encoding made once: a write client sends the same
+    few queries (``fieldManager``, ``force``) on ever new paths (a create-delete deletes a new
+    name each time, so holding whole targets missed); at most ``_URLS_HELD`` queries held."""
+
+    def __init__(self, *, prefix: str) -> None:
+        self._prefix = prefix
+        self._queries: dict[tuple[tuple[str, str], ...], str] = {}
+
+    def __call__(self, path: str, query: Sequence[tuple[str, str]]) -> str:
+        key = query if isinstance(query, tuple) else tuple(query)
+        suffix = self._queries.get(key)
+        if suffix is None:
+            if len(self._queries) >= _URLS_HELD:
+                self._queries.clear()
+            suffix = self._queries[key] = f"?{urlencode(key)}" if key else ""
+        return self._prefix + path + suffix
 
 
 class DeadlineTimer:
@@ -604,7 +631,7 @@ class HttpTransport(ServerTransport):
         self._busy: set[_Connection] = set()
         self._opening = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
-        self._targets: dict[tuple[str, str, tuple[tuple[str, str], ...]], bytes] = {}
+        self._targets = self._endpoint.targets()
         self._deadlines = DeadlineTimer(expire=self._expire)
         self._blocks: dict[str | None, tuple[dict[str, str], bytes]] = {}
 
@@ -648,17 +675,8 @@ class HttpTransport(ServerTransport):
         return b"".join(parts)
 
     def _target(self, method: str, path: str, query: Sequence[tuple[str, str]]) -> bytes:
-        """The request line and Host, made once per method, path and query (a write client
-        writes the same few objects again and again); at most ``_URLS_HELD`` are held."""
-        key = (method, path, tuple(query))
-        line = self._targets.get(key)
-        if line is None:
-            if len(self._targets) >= _URLS_HELD:
-                self._targets.clear()
-            target = self._endpoint.target(path, key[2])
-            line = f"{method} {target} HTTP/1.1\r\n".encode() + self._host_line
-            self._targets[key] = line
-        return line
+        """The request line and Host."""
+        return f"{method} {self._targets(path, query)} HTTP/1.1\r\n".encode() + self._host_line
 
     async def _block(self, content_type: str | None) -> bytes:
         """The header lines after Host, encoded again only when the credentials' headers did."""

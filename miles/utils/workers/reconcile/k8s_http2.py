@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
@@ -47,6 +47,10 @@ SEND_AGAIN = 5
 """Times a stream the server did not process is sent again (Go retries such a request six
 times)."""
 _URLS_HELD = 4096
+_PATH_NAME = b"\x04"
+"""A literal field, not indexed, named by the static table's ``:path`` (RFC 7541 6.2.2)."""
+_LENGTH_NAME = b"\x0f\x0d"
+"""The same, named by its ``content-length`` (index 28: 15 and 13 more)."""
 
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -166,8 +170,9 @@ class _Connection(asyncio.Protocol):
                 raise _Unprocessed("the connection closed before the stream opened")
 
     async def exchange(
-        self, fields: list[tuple[bytes, bytes]], body: bytes | None, expires: float | None
+        self, block: bytes, body: bytes | None, expires: float | None
     ) -> RawResponse:
+        """The answer to a request of the header block ``block`` (static-table HPACK)."""
         stream_id = self._next_id
         if stream_id > _MAX_STREAM_ID:
             self.draining = True  # stream ids run out after 2**30 requests: a new connection
@@ -177,7 +182,9 @@ class _Connection(asyncio.Protocol):
         stream = _Stream(answer, expires, self._initial_window, heard=self._reads)
         self.streams[stream_id] = stream
         try:
-            self._send_headers(stream_id, self._encoder.encode(fields), not body)
+            # No fields: a table size update alone where the server's SETTINGS asked for one.
+            block = self._encoder.encode(()) + block
+            self._send_headers(stream_id, block, not body)
             if body:
                 await self._send_body(stream_id, stream, body)
             self._flush_soon()
@@ -490,8 +497,10 @@ class Http2Transport(ServerTransport):
         self._connection: _Connection | None = None
         self._draining: list[_Connection] = []
         self._opening: asyncio.Task[_Connection | None] | None = None
-        self._targets: dict[tuple[str, str, tuple[tuple[str, str], ...]], list[Any]] = {}
-        self._fields: dict[str | None, tuple[dict[str, str], list[tuple[bytes, bytes]]]] = {}
+        self._targets = self._endpoint.targets()
+        self._static = StaticEncoder()
+        self._heads: dict[str, bytes] = {}
+        self._blocks: dict[str | None, tuple[dict[str, str], bytes]] = {}
         self._deadlines = DeadlineTimer(expire=self._expire)
 
     @property
@@ -530,7 +539,7 @@ class Http2Transport(ServerTransport):
 
     async def _send(self, request: Request, what: str, expires: float | None) -> RawResponse | None:
         """The answer, or None where the server does not speak HTTP/2."""
-        fields = await self._headers(request)
+        block = await self._headers(request)
         for _ in range(SEND_AGAIN + 1):
             connection = await self._usable(what, expires)
             if connection is None:
@@ -540,7 +549,7 @@ class Http2Transport(ServerTransport):
                 if connection.full():
                     async with asyncio.timeout_at(expires):
                         await connection.slot()
-                return await connection.exchange(fields, request.body, expires)
+                return await connection.exchange(block, request.body, expires)
             except _Unprocessed:
                 continue
             except KubernetesConnectionError as err:
@@ -552,43 +561,42 @@ class Http2Transport(ServerTransport):
             server=self._endpoint.server,
         )
 
-    async def _headers(self, request: Request) -> list[tuple[bytes, bytes]]:
-        fields = list(self._target(request.method, request.path, request.query))
-        fields.extend(await self._credential_fields(request.content_type))
-        if request.body:
-            fields.append((b"content-length", b"%d" % len(request.body)))
-        return fields
+    async def _headers(self, request: Request) -> bytes:
+        """The request's header block, joined from blocks made once (a block is its fields'
+        encodings one after another): the method's pseudo-header fields, the credentials' fields;
+        only ``:path`` and ``content-length`` are made anew."""
+        method, body = request.method, request.body
+        head = self._heads.get(method) or self._head(method)
+        path = self._path_field(self._targets(request.path, request.query).encode())
+        credentials = await self._credential_block(request.content_type)
+        if not body:
+            return head + path + credentials
+        length = b"%d" % len(body)
+        return head + path + credentials + _LENGTH_NAME + bytes((len(length),)) + length
 
-    def _target(
-        self, method: str, path: str, query: Sequence[tuple[str, str]]
-    ) -> list[tuple[bytes, bytes]]:
-        """The pseudo-header fields, made once per method, path and query (a write client writes
-        the same few objects again and again); at most ``_URLS_HELD`` are held."""
-        key = (method, path, tuple(query))
-        fields = self._targets.get(key)
-        if fields is None:
-            if len(self._targets) >= _URLS_HELD:
-                self._targets.clear()
-            target = self._endpoint.target(path, key[2])
-            fields = [
-                (b":method", method.encode()),
-                (b":scheme", b"https"),
-                (b":authority", self._authority),
-                (b":path", target.encode()),
-            ]
-            self._targets[key] = fields
-        return fields
+    def _head(self, method: str) -> bytes:
+        fields = [(b":method", method.encode()), (b":scheme", b"https")]
+        head = self._heads[method] = self._static.encode(
+            [*fields, (b":authority", self._authority)]
+        )
+        return head
 
-    async def _credential_fields(self, content_type: str | None) -> list[tuple[bytes, bytes]]:
+    def _path_field(self, path: bytes) -> bytes:
+        if len(path) < 127:  # its length in the 7-bit prefix (RFC 7541 5.1)
+            return _PATH_NAME + bytes((len(path),)) + path
+        return self._static.encode([(b":path", path)])
+
+    async def _credential_block(self, content_type: str | None) -> bytes:
         """The credentials' header fields, lowercase (HTTP/2 wants them so), encoded again only
         when the credentials' headers were made again."""
         headers = await request_headers(self._credentials, content_type)
-        held = self._fields.get(content_type)
+        held = self._blocks.get(content_type)
         if held is not None and held[0] is headers:
             return held[1]
-        encoded = [(name.lower().encode(), value.encode()) for name, value in headers.items()]
-        self._fields[content_type] = (headers, encoded)
-        return encoded
+        fields = [(name.lower().encode(), value.encode()) for name, value in headers.items()]
+        block = self._static.encode(fields)
+        self._blocks[content_type] = (headers, block)
+        return block
 
     async def _usable(self, what: str, expires: float | None) -> _Connection | None:
         """The open HTTP/2 connection, or a new one (one opening shared by all who wait), or None

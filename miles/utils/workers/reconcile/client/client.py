@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar, overload
 from pydantic import BaseModel
 
 from miles.utils.workers.reconcile.arguments import positive_finite
-from miles.utils.workers.reconcile.client.encoding import Body, decode, encode, to_wire
+from miles.utils.workers.reconcile.client.encoding import Body, decode, encode, request_wire
 from miles.utils.workers.reconcile.client.patches import (
     APPLY_PATCH,
     BUILT_IN_GROUPS,
@@ -114,6 +114,7 @@ class Client:
         self._transport = transport
         self._on_write = on_write
         self._field_manager = None if field_manager is None else _manager(field_manager)
+        self._manager_query = () if field_manager is None else (("fieldManager", field_manager),)
         self._timeout = positive_finite("request_timeout", request_timeout)
         self._clock = clock or RealClock()
 
@@ -152,7 +153,7 @@ class Client:
         self, resource: Resource, obj: Body, *, namespace: str | None = None
     ) -> BaseModel | dict[str, Any]:
         """POST ``obj`` (named by ``metadata.name`` or ``generateName``). Go: ``Client.Create``."""
-        wire = _typed(resource, to_wire(obj))
+        wire = _typed(resource, request_wire(obj))
         target = _target(resource, _namespace_of(resource, namespace, wire), _name_to_create(wire))
         path = target.path(collection=True)
         body = await self._call("create", "POST", target, path, body=encode(wire))
@@ -178,7 +179,7 @@ class Client:
         ``metadata.resourceVersion`` it carries: a ``ConflictError`` if the object changed since.
         An object without one is refused here, as an unguarded update would overwrite whatever
         was written since it was read. Go: ``Client.Update``, ``Client.Status().Update``."""
-        wire = _typed(resource, to_wire(obj))
+        wire = _typed(resource, request_wire(obj))
         metadata = _metadata(wire)
         target = _target(resource, _namespace_of(resource, namespace, wire), metadata.get("name"))
         if not metadata.get("resourceVersion"):
@@ -284,7 +285,7 @@ class Client:
         ``managedFields`` is refused, as client-go's dynamic client refuses it. Go:
         ``Client.Apply`` with ``FieldOwner`` and ``ForceOwnership``."""
         manager = _manager(field_manager) if field_manager is not None else self._field_manager
-        wire = _typed(resource, to_wire(obj, only_set=True))
+        wire = _typed(resource, request_wire(obj, only_set=True))
         metadata = _metadata(wire)
         target = _target(resource, _namespace_of(resource, namespace, wire), metadata.get("name"))
         if manager is None:
@@ -294,7 +295,11 @@ class Client:
                 f"apply {resource.kind} {target}: the object carries metadata.managedFields; "
                 "apply states the fields wanted, not an object read back (leave managedFields out)"
             )
-        query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
+        query = (
+            (("fieldManager", manager), ("force", "true"))
+            if force
+            else (("fieldManager", manager),)
+        )
         verb = _verb("apply", subresource)
         body = await self._call(
             verb,
@@ -353,8 +358,8 @@ class Client:
         reread: Callable[[Exception], Exception] | None = None,
     ) -> bytes:
         """The answer's body of a 2xx; sends the request again as ``request_retry`` allows."""
-        if with_manager and method != "GET" and self._field_manager is not None:
-            query = [*query, ("fieldManager", self._field_manager)]
+        if with_manager and method != "GET":
+            query = (*query, *self._manager_query)
         request = Request(
             method=method,
             path=path,

@@ -27,6 +27,10 @@ M = TypeVar("M", bound=BaseModel)
 
 Body = BaseModel | Mapping[str, Any]
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""``encode``'s; made once, as ``json.dumps`` makes one per call for any option not its default
+(a stateless object: ``encode`` keeps nothing between calls)."""
+
 
 def to_wire(obj: Body, *, only_set: bool = False) -> dict[str, Any]:
     """``obj`` as the JSON object it is written as (a fresh dict, safe to change)."""
@@ -38,6 +42,18 @@ def to_wire(obj: Body, *, only_set: bool = False) -> dict[str, Any]:
     if path is not None:
         raise ValueError(f"the object cannot be written as JSON: field {path}")
     return json.loads(json.dumps(obj))  # type: ignore[no-any-return]
+
+
+def request_wire(obj: Body, *, only_set: bool = False) -> dict[str, Any]:
+    """``to_wire`` for a request's body: the same JSON, but of a mapping only the top level is a
+    fresh dict (safe to set ``apiVersion`` and ``kind`` in), its values the caller's, not copied
+    (the body is encoded once, from this)."""
+    if isinstance(obj, BaseModel) or not isinstance(obj, Mapping):
+        return to_wire(obj, only_set=only_set)
+    path = _first_unwritable(obj, "")
+    if path is not None:
+        raise ValueError(f"the object cannot be written as JSON: field {path}")
+    return dict(obj)
 
 
 def wire_name(name: str, info: FieldInfo) -> str:
@@ -98,7 +114,7 @@ def _value_wire(value: Any, only_set: bool, path: str) -> Any:
 def encode(value: Any) -> bytes:
     """JSON bytes of a value ``to_wire`` produced (or any JSON-ready value)."""
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        return _ENCODER.encode(value).encode()
     except (TypeError, ValueError):
         path = _first_unwritable(value, "")
         raise ValueError(f"the body cannot be written as JSON: field {path or '?'}") from None

@@ -269,6 +269,21 @@ async def test_apply_sends_only_the_fields_set_with_its_manager_and_force() -> N
     assert transport.sent[1].query == [("fieldManager", "other")]
 
 
+async def test_a_mapping_written_is_left_as_the_caller_gave_it() -> None:
+    """The client sets ``apiVersion`` and ``kind`` on its own copy of a mapping's top level and
+    encodes the body once from it; the caller's mapping and its nested values stay unchanged."""
+    c, transport, _ = client_of(ok(CM), field_manager="m")
+    given: dict[str, Any] = {"metadata": {"name": "a"}, "data": {"k": "v"}}
+    await c.create(CONFIG_MAPS, given, namespace="ns")
+    await c.apply(CONFIG_MAPS, given, namespace="ns")
+    assert given == {"metadata": {"name": "a"}, "data": {"k": "v"}}
+    for sent in transport.sent:
+        assert sent.body == {"apiVersion": "v1", "kind": "ConfigMap", **given}
+    with pytest.raises(ValueError, match=r"field data\.1"):
+        await c.create(CONFIG_MAPS, {"metadata": {"name": "b"}, "data": {1: "v"}}, namespace="ns")
+    assert len(transport.sent) == 2
+
+
 async def test_refused_before_any_request() -> None:
     c, transport, _ = client_of(ok(CM))
     with pytest.raises(ValueError, match="field manager is required"):

@@ -20,6 +20,7 @@ from miles.utils.k8s_testenv.certs import ServingPair, generate_serving_pair
 from miles.utils.workers.reconcile.k8s_errors import ConnectionFailure, KubernetesConnectionError
 from miles.utils.workers.reconcile.k8s_http import (
     Answer,
+    Endpoint,
     Headers,
     HttpTransport,
     MalformedResponse,
@@ -112,6 +113,19 @@ def test_header_names_look_up_in_any_case_and_repeats_join() -> None:
     assert framing == {"content-length": "0"}
     given = Headers({"Retry-After": "1"})
     assert (given["retry-after"], len(given)) == ("1", 1)
+
+
+def test_targets_are_the_endpoints_with_each_query_encoded_once() -> None:
+    endpoint = Endpoint.of(
+        "https://h:6443/k8s/c-1/", tls=None, tls_server_name=None, connect_timeout=1.0
+    )
+    targets = endpoint.targets()
+    queries: list[list[tuple[str, str]]] = [[], [("fieldManager", "a b/c"), ("force", "true")]]
+    for path in ("/api/v1/x", "/api/v1/y"):
+        for query in queries:
+            for given in (query, tuple(query)):
+                assert targets(path, given) == endpoint.target(path, query)
+    assert targets("/p", queries[1]) == "/k8s/c-1/p?fieldManager=a+b%2Fc&force=true"
 
 
 @pytest.mark.parametrize(

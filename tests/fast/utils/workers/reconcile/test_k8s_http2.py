@@ -167,6 +167,27 @@ async def test_concurrent_requests_are_streams_of_one_connection(pair: ServingPa
     assert requests[0].headers["accept"] == "application/json"
 
 
+async def test_the_header_block_joined_per_request_reads_back_whole(pair: ServingPair) -> None:
+    """The header block is joined from the method's and the credentials' blocks, ``:path`` and
+    ``content-length``: a path past the 7-bit length prefix, a body's length and a body-less
+    DELETE all arrive as sent."""
+    long_path = "/api/v1/namespaces/ns/configmaps/" + "n" * 200
+    async with (
+        serving(server_tls(pair)) as (url, requests, _),
+        client(url, pair.ca_cert) as transport,
+    ):
+        await transport.send(patch(long_path, body=b"x" * 1000))
+        await transport.send(patch("/short"))
+        await transport.send(Request(method="DELETE", path="/d", query=[("a", "b c")]))
+    assert [(r.method, r.path) for r in requests] == [
+        ("PATCH", f"{long_path}?fieldManager=m"),
+        ("PATCH", "/short?fieldManager=m"),
+        ("DELETE", "/d?a=b+c"),
+    ]
+    assert [r.headers.get("content-length") for r in requests] == ["1000", "2", None]
+    assert [len(r.body) for r in requests] == [1000, 2, 0]
+
+
 async def test_a_server_without_h2_is_spoken_to_over_http11(pair: ServingPair) -> None:
     """ALPN picks ``http/1.1`` (a proxy that speaks only HTTP/1.1): the requests go through
     ``HttpTransport`` on the same TLS settings."""
