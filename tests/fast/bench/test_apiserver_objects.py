@@ -73,8 +73,9 @@ def test_kind_enginepools_paces_every_writer_alike_unless_told() -> None:
 
 
 def test_a_writer_behind_its_pace_fails_the_run(capsys: pytest.CaptureFixture[str]) -> None:
-    kept = {"ours": {"writer_rate": 199.0}, "ours-typed": {"writer_rate": 185.0}}
-    behind = {"ours": {"writer_rate": 200.0}, "ours-typed": {"writer_rate": 150.0}}
+    Round = dict[str, dict[str, float | None]]
+    kept: Round = {"ours": {"writer_rate": 199.0}, "ours-typed": {"writer_rate": 185.0}}
+    behind: Round = {"ours": {"writer_rate": 200.0}, "ours-typed": {"writer_rate": 150.0}}
     assert pace_kept(Results([kept, kept]), 200.0)
     assert not pace_kept(Results([kept, behind]), 200.0)
     assert "round 2, ours-typed: the writer kept 150 of 200 patches/s" in capsys.readouterr().out
