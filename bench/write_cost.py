@@ -104,7 +104,7 @@ def measure(args: argparse.Namespace) -> int:
         argv += [f"--out={args.out}"] if args.out else []
         with tempfile.TemporaryDirectory(prefix="write-cost-") as scratch:
             out = Path(args.out or scratch)
-            cg = None if args.profile else Callgrind.find(out)
+            cg = None if args.profile or args.timed else Callgrind.find(out)
             wrapper = [] if cg is None else cg.wrapper("ours", 0)
             with subprocess.Popen(
                 wrapper + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -131,7 +131,8 @@ def measure(args: argparse.Namespace) -> int:
                 if args.out:
                     line += f" (profile {cg.window_dump('ours', 0)})"
             else:
-                line += f", {cpu / done * 1e6:.1f} µs CPU/write (under cProfile)"
+                under = " (under cProfile)" if args.profile else ""
+                line += f", {cpu / done * 1e6:.1f} µs CPU/write{under}"
             print(line)
     return 0
 
@@ -146,6 +147,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--transport", choices=("h2", "http1"), default="h2")
     parser.add_argument("--profile", action="store_true", help="cProfile instead of callgrind")
+    parser.add_argument("--timed", action="store_true", help="the process's CPU, not counted")
     parser.add_argument("--out", help="a directory to keep callgrind's profile of the window in")
     parser.add_argument("--top", type=int, default=40, help="functions --profile prints")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -111,6 +111,17 @@ class BearerCredentials:
             refreshed = hook(configuration)
             if asyncio.iscoroutine(refreshed):
                 await refreshed
+        return self._made(content_type)
+
+    def ready(self, content_type: str | None) -> dict[str, str] | None:
+        """``headers`` where no refresh hook must run first (a kubeconfig's token or client
+        certificate), without a coroutine; None where one must (await ``headers``)."""
+        if self._api_client.configuration.refresh_api_key_hook is not None:
+            return None
+        return self._made(content_type)
+
+    def _made(self, content_type: str | None) -> dict[str, str]:
+        configuration = self._api_client.configuration
         token = configuration.api_key.get("BearerToken")
         prefix = configuration.api_key_prefix.get("BearerToken")
         credential = (token, prefix, *self._api_client.default_headers.items())
@@ -416,8 +427,23 @@ async def request_headers(
 ) -> dict[str, str]:
     """A request's header fields after its target: the credentials' (the same dict while they
     did not change), or without credentials ``Accept`` and ``Content-Type`` alone."""
-    if credentials is not None:
+    headers = ready_headers(credentials, content_type)
+    if headers is None:
+        assert credentials is not None
         return await credentials.headers(content_type)
+    return headers
+
+
+def ready_headers(
+    credentials: BearerCredentials | None, content_type: str | None
+) -> dict[str, str] | None:
+    """``request_headers`` where they are ready without awaiting (``BearerCredentials.ready``),
+    else None: a write's transport awaits no coroutine for them then. Credentials of another
+    class (anything with ``headers`` and ``forget``) are always awaited."""
+    if isinstance(credentials, BearerCredentials):
+        return credentials.ready(content_type)
+    if credentials is not None:
+        return None
     headers = {"Accept": "application/json"}
     if content_type is not None:
         headers["Content-Type"] = content_type
@@ -662,9 +688,12 @@ class HttpTransport(ServerTransport):
 
     async def _message(self, request: Request) -> bytes:
         method, body = request.method, request.body
+        headers = ready_headers(self._credentials, request.content_type)
+        if headers is None:
+            headers = await request_headers(self._credentials, request.content_type)
         parts = [
             self._target(method, request.path, request.query),
-            await self._block(request.content_type),
+            self._block(request.content_type, headers),
         ]
         if body is not None or method in _HAS_BODY:
             parts.append(b"Content-Length: %d\r\n\r\n" % len(body or b""))
@@ -678,9 +707,8 @@ class HttpTransport(ServerTransport):
         """The request line and Host."""
         return f"{method} {self._targets(path, query)} HTTP/1.1\r\n".encode() + self._host_line
 
-    async def _block(self, content_type: str | None) -> bytes:
+    def _block(self, content_type: str | None, headers: dict[str, str]) -> bytes:
         """The header lines after Host, encoded again only when the credentials' headers did."""
-        headers = await request_headers(self._credentials, content_type)
         held = self._blocks.get(content_type)
         if held is not None and held[0] is headers:
             return held[1]

@@ -35,6 +35,7 @@ from miles.utils.workers.reconcile.k8s_http import (
     HttpTransport,
     ServerTransport,
     TransportOptions,
+    ready_headers,
     request_headers,
 )
 from miles.utils.workers.reconcile.k8s_transport import RawResponse, Request
@@ -185,8 +186,9 @@ class _Connection(asyncio.Protocol):
             # No fields: a table size update alone where the server's SETTINGS asked for one.
             block = self._encoder.encode(()) + block
             self._send_headers(stream_id, block, not body)
-            if body:
-                await self._send_body(stream_id, stream, body)
+            sent = self._queue_body(stream_id, stream, body, 0) if body else 0
+            if body and sent < len(body):
+                await self._send_rest(stream_id, stream, body, sent)
             self._flush_soon()
             return await answer
         except BaseException:
@@ -205,24 +207,31 @@ class _Connection(asyncio.Protocol):
             self._out.append(_frame(_CONTINUATION, 0, stream_id, piece))
         self._out.append(_frame(_CONTINUATION, _END_HEADERS, stream_id, pieces[-1]))
 
-    async def _send_body(self, stream_id: int, stream: _Stream, body: bytes) -> None:
-        sent = 0
+    def _queue_body(self, stream_id: int, stream: _Stream, body: bytes, sent: int) -> int:
+        """Queues DATA frames of ``body`` from ``sent`` on as far as both windows allow; the
+        bytes of it queued so far."""
         while sent < len(body):
             room = min(self._send_window, stream.send_window, self._max_frame, len(body) - sent)
             if room <= 0:
-                self._flush_soon()
-                stream.window = asyncio.get_running_loop().create_future()
-                either: list[asyncio.Future[Any]] = [stream.answer, stream.window]
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                if stream.answer.done():
-                    return  # the server answered (or reset) before taking the whole body
-                continue
+                return sent
             piece = body[sent : sent + room]
             sent += room
             self._send_window -= room
             stream.send_window -= room
             flags = _END_STREAM if sent == len(body) else 0
             self._out.append(_frame(_DATA, flags, stream_id, piece))
+        return sent
+
+    async def _send_rest(self, stream_id: int, stream: _Stream, body: bytes, sent: int) -> None:
+        """The rest of a body the flow-control windows held back, queued as they open."""
+        while sent < len(body):
+            self._flush_soon()
+            stream.window = asyncio.get_running_loop().create_future()
+            either: list[asyncio.Future[Any]] = [stream.answer, stream.window]
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if stream.answer.done():
+                return  # the server answered (or reset) before taking the whole body
+            sent = self._queue_body(stream_id, stream, body, sent)
 
     def _abandon(self, stream_id: int) -> None:
         """A stream its caller no longer waits for (a deadline, a cancel): reset, if still open."""
@@ -539,9 +548,15 @@ class Http2Transport(ServerTransport):
 
     async def _send(self, request: Request, what: str, expires: float | None) -> RawResponse | None:
         """The answer, or None where the server does not speak HTTP/2."""
-        block = await self._headers(request)
+        content_type = request.content_type
+        headers = ready_headers(self._credentials, content_type)
+        if headers is None:
+            headers = await request_headers(self._credentials, content_type)
+        block = self._headers(request, headers)
         for _ in range(SEND_AGAIN + 1):
-            connection = await self._usable(what, expires)
+            connection = self._connection
+            if connection is None or not connection.usable():
+                connection = await self._usable(what, expires)
             if connection is None:
                 return None
             self._deadlines.watch(expires)
@@ -561,14 +576,14 @@ class Http2Transport(ServerTransport):
             server=self._endpoint.server,
         )
 
-    async def _headers(self, request: Request) -> bytes:
+    def _headers(self, request: Request, headers: dict[str, str]) -> bytes:
         """The request's header block, joined from blocks made once (a block is its fields'
         encodings one after another): the method's pseudo-header fields, the credentials' fields;
         only ``:path`` and ``content-length`` are made anew."""
         method, body = request.method, request.body
         head = self._heads.get(method) or self._head(method)
         path = self._path_field(self._targets(request.path, request.query).encode())
-        credentials = await self._credential_block(request.content_type)
+        credentials = self._credential_block(request.content_type, headers)
         if not body:
             return head + path + credentials
         length = b"%d" % len(body)
@@ -586,10 +601,9 @@ class Http2Transport(ServerTransport):
             return _PATH_NAME + bytes((len(path),)) + path
         return self._static.encode([(b":path", path)])
 
-    async def _credential_block(self, content_type: str | None) -> bytes:
+    def _credential_block(self, content_type: str | None, headers: dict[str, str]) -> bytes:
         """The credentials' header fields, lowercase (HTTP/2 wants them so), encoded again only
         when the credentials' headers were made again."""
-        headers = await request_headers(self._credentials, content_type)
         held = self._blocks.get(content_type)
         if held is not None and held[0] is headers:
             return held[1]

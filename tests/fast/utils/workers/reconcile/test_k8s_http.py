@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,6 +21,7 @@ from miles.utils.k8s_testenv.certs import ServingPair, generate_serving_pair
 from miles.utils.workers.reconcile.k8s_errors import ConnectionFailure, KubernetesConnectionError
 from miles.utils.workers.reconcile.k8s_http import (
     Answer,
+    BearerCredentials,
     Endpoint,
     Headers,
     HttpTransport,
@@ -113,6 +115,30 @@ def test_header_names_look_up_in_any_case_and_repeats_join() -> None:
     assert framing == {"content-length": "0"}
     given = Headers({"Retry-After": "1"})
     assert (given["retry-after"], len(given)) == ("1", 1)
+
+
+async def test_credentials_are_ready_without_a_coroutine_unless_a_hook_must_run() -> None:
+    """Without a refresh hook the headers come synchronously, the same dict ``headers`` gives;
+    with one, ``ready`` says None and ``headers`` runs the hook (its new token in the headers)."""
+    configuration = SimpleNamespace(
+        refresh_api_key_hook=None,
+        api_key={"BearerToken": "t1"},
+        api_key_prefix={"BearerToken": "Bearer"},
+    )
+    credentials = BearerCredentials(
+        api_client=SimpleNamespace(configuration=configuration, default_headers={})
+    )
+    ready = credentials.ready("application/json")
+    assert ready is not None
+    assert ready is await credentials.headers("application/json")
+    assert ready["authorization"] == "Bearer t1"
+
+    def rotate(config: SimpleNamespace) -> None:
+        config.api_key["BearerToken"] = "t2"
+
+    configuration.refresh_api_key_hook = rotate
+    assert credentials.ready("application/json") is None
+    assert (await credentials.headers("application/json"))["authorization"] == "Bearer t2"
 
 
 def test_targets_are_the_endpoints_with_each_query_encoded_once() -> None:
