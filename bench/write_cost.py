@@ -50,14 +50,15 @@ async def child(args: argparse.Namespace) -> None:
         print(_READY, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         profile = cProfile.Profile() if args.profile else None
-        started = time.process_time()
+        started = os.times()
         if profile is not None:
             profile.enable()
         done = await writes(write, args.writes, args.concurrency, first=1 << 20)
         if profile is not None:
             profile.disable()
-        cpu = time.process_time() - started
-        print(f"{_DONE} {done} {cpu}", flush=True)
+        ended = os.times()
+        user, system = ended.user - started.user, ended.system - started.system
+        print(f"{_DONE} {done} {user} {system}", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     if profile is not None:
         if args.out:
@@ -123,7 +124,7 @@ def measure(args: argparse.Namespace) -> int:
                 proc.stdin.write(f"{_GO}\n")
                 proc.stdin.flush()
                 proc.wait()
-            done, cpu = int(said[1]), float(said[2])
+            done, user, system = int(said[1]), float(said[2]), float(said[3])
             line = f"{args.op} {args.transport} concurrency {args.concurrency}: {done} writes"
             if cg is not None:
                 instructions = totals(cg.window_dump("ours", 0))
@@ -132,7 +133,8 @@ def measure(args: argparse.Namespace) -> int:
                     line += f" (profile {cg.window_dump('ours', 0)})"
             else:
                 under = " (under cProfile)" if args.profile else ""
-                line += f", {cpu / done * 1e6:.1f} µs CPU/write{under}"
+                cpu = (user + system) / done * 1e6
+                line += f", {cpu:.1f} µs CPU/write ({system / done * 1e6:.1f} in the kernel){under}"
             print(line)
     return 0
 

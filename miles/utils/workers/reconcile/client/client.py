@@ -487,7 +487,7 @@ def _reason(failure: Exception) -> str:
 
 
 def _answer(body: bytes, given: Body, what: str) -> BaseModel | dict[str, Any]:
-    into = type(given) if isinstance(given, BaseModel) else None
+    into = type(given) if type(given) is not dict and isinstance(given, BaseModel) else None
     return decode(body, into, what)  # type: ignore[no-any-return]
 
 

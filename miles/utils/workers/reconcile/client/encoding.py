@@ -27,6 +27,7 @@ M = TypeVar("M", bound=BaseModel)
 
 Body = BaseModel | Mapping[str, Any]
 
+_PLAIN = frozenset({str, int, bool, type(None)})
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 """``encode``'s; made once, as ``json.dumps`` makes one per call for any option not its default
 (a stateless object: ``encode`` keeps nothing between calls)."""
@@ -48,7 +49,7 @@ def request_wire(obj: Body, *, only_set: bool = False) -> dict[str, Any]:
     """``to_wire`` for a request's body: the same JSON, but of a mapping only the top level is a
     fresh dict (safe to set ``apiVersion`` and ``kind`` in), its values the caller's, not copied
     (the body is encoded once, from this)."""
-    if isinstance(obj, BaseModel) or not isinstance(obj, Mapping):
+    if type(obj) is not dict and (isinstance(obj, BaseModel) or not isinstance(obj, Mapping)):
         return to_wire(obj, only_set=only_set)
     path = _first_unwritable(obj, "")
     if path is not None:
@@ -135,15 +136,20 @@ def decode(body: bytes, into: type[M] | None, what: str) -> Any:
 
 
 def _first_unwritable(value: Any, path: str) -> str | None:
-    """The dotted path of the first value in ``value`` JSON cannot carry, or ``None``."""
-    if value is None or isinstance(value, str | bool | int):
+    """The dotted path of the first value in ``value`` JSON cannot carry, or ``None``. A plain
+    scalar is passed over by its exact type (``_PLAIN``) before any ``isinstance``, and not
+    recursed into: the walk runs before every write of a mapping (cProfile: the costliest call
+    of an apply)."""
+    if type(value) in _PLAIN or isinstance(value, str | bool | int):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else path or "."
     if isinstance(value, Mapping):
         for key, item in value.items():
-            if not isinstance(key, str):
+            if type(key) is not str and not isinstance(key, str):
                 return f"{path}.{key!r}" if path else repr(key)
+            if type(item) in _PLAIN:
+                continue
             found = _first_unwritable(item, f"{path}.{key}" if path else key)
             if found is not None:
                 return found

@@ -8,6 +8,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -281,6 +282,8 @@ async def test_a_mapping_written_is_left_as_the_caller_gave_it() -> None:
         assert sent.body == {"apiVersion": "v1", "kind": "ConfigMap", **given}
     with pytest.raises(ValueError, match=r"field data\.1"):
         await c.create(CONFIG_MAPS, {"metadata": {"name": "b"}, "data": {1: "v"}}, namespace="ns")
+    with pytest.raises(ValueError, match=r"field data\.x\[1\]"):
+        await c.create(CONFIG_MAPS, {"metadata": {"name": "b"}, "data": {"x": [1.0, math.nan]}})
     assert len(transport.sent) == 2
 
 
