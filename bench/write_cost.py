@@ -45,7 +45,9 @@ async def child(args: argparse.Namespace) -> None:
 
     kind = Http2Transport if args.transport == "h2" else HttpTransport
     async with api_client(args.kubeconfig) as api, kind.for_api_client(api) as transport:
-        write = ours_writing(transport, args.namespace, args.op)
+        observed: list[str] = []
+        on_write = (lambda _, version: observed.append(version)) if args.observe else None
+        write = ours_writing(transport, args.namespace, args.op, on_write=on_write)
         await writes(write, args.warm, args.concurrency, first=0)
         print(_READY, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -101,6 +103,7 @@ def measure(args: argparse.Namespace) -> int:
             f"--transport={args.transport}",
             f"--top={args.top}",
         ]
+        argv += ["--observe"] if args.observe else []
         argv += ["--profile"] if args.profile else []
         argv += [f"--out={args.out}"] if args.out else []
         with tempfile.TemporaryDirectory(prefix="write-cost-") as scratch:
@@ -150,6 +153,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--transport", choices=("h2", "http1"), default="h2")
     parser.add_argument("--profile", action="store_true", help="cProfile instead of callgrind")
     parser.add_argument("--timed", action="store_true", help="the process's CPU, not counted")
+    parser.add_argument(
+        "--observe", action="store_true", help="the client with a write observer (on_write)"
+    )
     parser.add_argument("--out", help="a directory to keep callgrind's profile of the window in")
     parser.add_argument("--top", type=int, default=40, help="functions --profile prints")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

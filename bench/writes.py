@@ -104,11 +104,12 @@ async def ours_aiohttp_writes(api: Any, namespace: str, op: str) -> AsyncIterato
     yield ours_writing(KubernetesAsyncioTransport(api_client=api), namespace, op)
 
 
-def ours_writing(transport: Any, namespace: str, op: str) -> Write:
+def ours_writing(transport: Any, namespace: str, op: str, *, on_write: Any = None) -> Write:
+    """``op``'s write by ``Client`` (``on_write``: its write observer, as an operator's)."""
     from miles.utils.workers.reconcile.client import Client, MergePatch
     from miles.utils.workers.reconcile.resource import CONFIG_MAPS
 
-    client = Client(transport=transport, field_manager="bench")
+    client = Client(transport=transport, field_manager="bench", on_write=on_write)
 
     async def patch(name: str, seq: int) -> int:
         body = MergePatch({"data": {"v": str(seq)}})

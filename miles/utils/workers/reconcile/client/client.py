@@ -157,7 +157,8 @@ class Client:
         target = _target(resource, _namespace_of(resource, namespace, wire), _name_to_create(wire))
         path = target.path(collection=True)
         body = await self._call("create", "POST", target, path, body=encode(wire))
-        return _answer(body, obj, f"create {resource.kind} {target}")
+        what = f"create {resource.kind} {target}"
+        return self._answer(body, _into(obj), what, resource)  # type: ignore[no-any-return]
 
     @overload
     async def replace(
@@ -190,7 +191,8 @@ class Client:
         path = target.path(subresource=subresource)
         verb = _verb("update", subresource)
         body = await self._call(verb, "PUT", target, path, body=encode(wire))
-        return _answer(body, obj, f"{verb} {resource.kind} {target}")
+        what = f"{verb} {resource.kind} {target}"
+        return self._answer(body, _into(obj), what, resource)  # type: ignore[no-any-return]
 
     @overload
     async def patch(
@@ -245,7 +247,8 @@ class Client:
             content_type=patch.content_type,
             reread=None if guard is None else _guard_failed(guard),
         )
-        return decode(body, into, f"{verb} {resource.kind} {target}")  # type: ignore[no-any-return]
+        what = f"{verb} {resource.kind} {target}"
+        return self._answer(body, into, what, resource)  # type: ignore[no-any-return]
 
     @overload
     async def apply(
@@ -311,7 +314,8 @@ class Client:
             content_type=APPLY_PATCH,
             with_manager=False,
         )
-        return _answer(body, obj, f"{verb} {resource.kind} {target}")
+        what = f"{verb} {resource.kind} {target}"
+        return self._answer(body, _into(obj), what, resource)  # type: ignore[no-any-return]
 
     async def delete(
         self,
@@ -340,9 +344,23 @@ class Client:
         body = await self._call(
             "delete", "DELETE", target, target.path(), body=encode(options), with_manager=False
         )
-        return decode(body, None, f"delete {resource.kind} {target}")  # type: ignore[no-any-return]
+        what = f"delete {resource.kind} {target}"
+        return self._answer(body, None, what, resource)  # type: ignore[no-any-return]
 
     # --- the request --------------------------------------------------------------------------
+
+    def _answer(self, body: bytes, into: type[M] | None, what: str, resource: Resource) -> Any:
+        """A write's answer read as ``decode`` reads it, its resourceVersion told to ``on_write``
+        from what was read once where it is a ``dict`` (a model's, from the bytes, before it is
+        validated)."""
+        if self._on_write is None:
+            return decode(body, into, what)
+        if into is not None:
+            _observe_write(self._on_write, resource, body)
+            return decode(body, into, what)
+        answer = decode(body, None, what)
+        _observe_answer(self._on_write, resource, answer)
+        return answer
 
     async def _call(
         self,
@@ -376,8 +394,6 @@ class Client:
                 failure: Exception = err
             else:
                 if 200 <= response.status <= 299:
-                    if self._on_write is not None and method != "GET":
-                        _observe_write(self._on_write, target.resource, response.body)
                     return response.body
                 failure = status_error(response)
             delay = retry_delay(method, failure, retries)
@@ -404,6 +420,10 @@ def _observe_write(observer: WriteObserver, resource: Resource, body: bytes) -> 
         answer = json.loads(body)
     except ValueError:
         return
+    _observe_answer(observer, resource, answer)
+
+
+def _observe_answer(observer: WriteObserver, resource: Resource, answer: Any) -> None:
     metadata = answer.get("metadata") if isinstance(answer, dict) else None
     version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
     if isinstance(version, str) and version and answer.get("kind") != "Status":
@@ -486,9 +506,9 @@ def _reason(failure: Exception) -> str:
     return exception_summary(failure)
 
 
-def _answer(body: bytes, given: Body, what: str) -> BaseModel | dict[str, Any]:
-    into = type(given) if type(given) is not dict and isinstance(given, BaseModel) else None
-    return decode(body, into, what)  # type: ignore[no-any-return]
+def _into(given: Body) -> type[BaseModel] | None:
+    """The class an answer is read into: the model's given, or None (a ``dict``)."""
+    return type(given) if type(given) is not dict and isinstance(given, BaseModel) else None
 
 
 def _verb(verb: str, subresource: str) -> str:

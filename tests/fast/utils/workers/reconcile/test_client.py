@@ -287,6 +287,26 @@ async def test_a_mapping_written_is_left_as_the_caller_gave_it() -> None:
     assert len(transport.sent) == 2
 
 
+async def test_every_write_answered_with_an_object_is_observed_once_read() -> None:
+    """``on_write`` hears the resourceVersion of each write's answer, whether read as a ``dict``
+    or into a model, and nothing of a ``Status`` answer or a read."""
+    heard: list[tuple[str, str]] = []
+    answers = [
+        ok({**CM, "metadata": {**CM["metadata"], "resourceVersion": str(v)}}) for v in (1, 2)
+    ]
+    c, _, _ = client_of(
+        *answers, ok({"kind": "Status", "status": "Success"}), ok(CM),
+        on_write=lambda resource, version: heard.append((resource.kind, version)),
+    )  # fmt: skip
+    model = ConfigMapModel(metadata=Meta(name="a", namespace="ns"))
+    created = await c.create(CONFIG_MAPS, model)
+    patched = await c.patch(CONFIG_MAPS, "a", MergePatch({"data": {}}), namespace="ns")
+    await c.delete(CONFIG_MAPS, "a", namespace="ns")
+    await c.get(CONFIG_MAPS, "a", namespace="ns")
+    assert (created.metadata.resource_version, patched["metadata"]["resourceVersion"]) == ("1", "2")
+    assert heard == [("ConfigMap", "1"), ("ConfigMap", "2")]
+
+
 async def test_refused_before_any_request() -> None:
     c, transport, _ = client_of(ok(CM))
     with pytest.raises(ValueError, match="field manager is required"):
