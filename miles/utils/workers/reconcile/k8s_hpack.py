@@ -115,6 +115,9 @@ def _step(state: int, byte: int) -> tuple[bytes, int]:
 
 
 class HuffmanDecoder:
+    """RFC 7541 5.2's Huffman-coded strings to their bytes, each (state, byte) step held once
+    worked out (at most 256 x 256)."""
+
     def __init__(self) -> None:
         self._steps: dict[int, tuple[bytes, int]] = {}
 
