@@ -65,7 +65,7 @@ DEFAULT_TABLE_SIZE = 4096
 says otherwise, so the server's dynamic table is at most this."""
 _EOS = 256
 _ENTRY_OVERHEAD = 32
-_URLS_HELD = 4096
+_BLOCKS_HELD = 4096
 
 
 class HpackError(Exception):
@@ -252,7 +252,7 @@ class StaticEncoder:
     """HPACK that never indexes a field into the dynamic table: a field of the static table by
     its index, any other as a literal (its name by index where the static table has it), no
     Huffman coding. Its blocks depend on the fields alone, so each is made once (at most
-    ``_URLS_HELD`` held): ``hpack``'s encoder searched its tables for every field of every
+    ``_BLOCKS_HELD`` held): ``hpack``'s encoder searched its tables for every field of every
     request, a tenth of the client's CPU per write (cProfile). Go's encoder indexes; the
     apiserver decodes either alike."""
 
@@ -272,7 +272,7 @@ class StaticEncoder:
         key = tuple(headers)
         block = self._blocks.get(key)
         if block is None:
-            if len(self._blocks) >= _URLS_HELD:
+            if len(self._blocks) >= _BLOCKS_HELD:
                 self._blocks.clear()
             block = self._blocks[key] = b"".join(_field(name, value) for name, value in key)
         if self._resized:

@@ -496,12 +496,8 @@ class Endpoint:
         """``host:port``, as errors name the server."""
         return f"{self.host}:{self.port}"
 
-    def target(self, path: str, query: Sequence[tuple[str, str]]) -> str:
-        """A request's path and query as sent, under the URL's path prefix."""
-        return self.prefix + path + (f"?{urlencode(query)}" if query else "")
-
     def targets(self) -> Targets:
-        """``target`` with each query encoded once."""
+        """Requests' paths and queries as sent, under the URL's path prefix."""
         return Targets(prefix=self.prefix)
 
     async def connect(self, factory: Callable[[], _Protocol], what: str) -> _Protocol:
@@ -529,9 +525,10 @@ class Endpoint:
 
 
 class Targets:
-    """``Endpoint.target`` with each query's encoding made once: a write client sends the same
-    few queries (``fieldManager``, ``force``) on ever new paths (a create-delete deletes a new
-    name each time, so holding whole targets missed); at most ``_URLS_HELD`` queries held."""
+    """A request's path and query as sent, under the URL's path prefix, each query's encoding
+    made once: a write client sends the same few queries (``fieldManager``, ``force``) on ever
+    new paths (a create-delete deletes a new name each time, so holding whole targets missed); at
+    most ``_URLS_HELD`` queries held."""
 
     def __init__(self, *, prefix: str) -> None:
         self._prefix = prefix

@@ -47,7 +47,6 @@ first so a LIST answer is not held back waiting for window updates."""
 SEND_AGAIN = 5
 """Times a stream the server did not process is sent again (Go retries such a request six
 times)."""
-_URLS_HELD = 4096
 _PATH_NAME = b"\x04"
 """A literal field, not indexed, named by the static table's ``:path`` (RFC 7541 6.2.2)."""
 _LENGTH_NAME = b"\x0f\x0d"
